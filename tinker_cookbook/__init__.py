@@ -1,0 +1,1 @@
+"""tinker_cookbook: a local Tinker-compatible API, LoRA engine and cookbook."""

@@ -1,0 +1,435 @@
+"""Request and response types of the Tinker-compatible API.
+
+Names, fields and defaults follow the public Tinker documentation so that code written for the hosted
+service runs unchanged. Models are pydantic; "Strict" ones reject unknown fields so that a typo in a
+field name is an error rather than a silently ignored value.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal, Sequence, TypeAlias, Union
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
+
+try:  # torch is a core dependency, but the types stay importable without it.
+    import torch
+
+    _HAVE_TORCH = True
+except ImportError:  # pragma: no cover
+    _HAVE_TORCH = False
+
+
+class StrictBase(BaseModel):
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, protected_namespaces=())
+
+
+class LooseBase(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+
+
+ModelID: TypeAlias = str
+TensorDtype: TypeAlias = Literal["int64", "float32"]
+StopReason: TypeAlias = Literal["length", "stop"]
+LossFnType: TypeAlias = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
+CheckpointType: TypeAlias = Literal["training", "sampler"]
+
+# ---------------------------------------------------------------------------------------------------------
+# Model inputs
+# ---------------------------------------------------------------------------------------------------------
+
+
+class EncodedTextChunk(StrictBase):
+    tokens: Sequence[int]
+    """Token ids."""
+
+    type: Literal["encoded_text"] = "encoded_text"
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+def _image_length(expected_tokens: int | None, kind: str) -> int:
+    if expected_tokens is None:
+        raise ValueError(f"{kind}.expected_tokens must be set to compute the chunk length")
+    return expected_tokens
+
+
+class ImageChunk(StrictBase):
+    data: bytes
+    """Encoded image bytes (base64 on the wire)."""
+
+    format: Literal["png", "jpeg"]
+
+    expected_tokens: int | None = None
+    """How many model tokens the image becomes; checked against the model's image processor."""
+
+    type: Literal["image"] = "image"
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _decode_b64(cls, value: bytes | str) -> bytes:
+        return base64.b64decode(value) if isinstance(value, str) else value
+
+    @field_serializer("data")
+    def _encode_b64(self, value: bytes) -> str:
+        return base64.b64encode(value).decode("ascii")
+
+    @property
+    def length(self) -> int:
+        return _image_length(self.expected_tokens, "ImageChunk")
+
+
+class ImageAssetPointerChunk(StrictBase):
+    format: Literal["png", "jpeg"]
+    location: str
+    """Path or URL of the image."""
+
+    expected_tokens: int | None = None
+    type: Literal["image_asset_pointer"] = "image_asset_pointer"
+
+    @property
+    def length(self) -> int:
+        return _image_length(self.expected_tokens, "ImageAssetPointerChunk")
+
+
+ModelInputChunk: TypeAlias = Annotated[
+    Union[EncodedTextChunk, ImageChunk, ImageAssetPointerChunk], Field(discriminator="type")
+]
+
+
+class ModelInput(StrictBase):
+    chunks: list[ModelInputChunk]
+
+    @classmethod
+    def from_ints(cls, tokens: Sequence[int]) -> ModelInput:
+        return cls(chunks=[EncodedTextChunk(tokens=list(tokens))])
+
+    @classmethod
+    def empty(cls) -> ModelInput:
+        return cls(chunks=[])
+
+    def to_ints(self) -> list[int]:
+        """All token ids; raises ValueError if the input holds non-text (image) chunks."""
+        if not all(isinstance(c, EncodedTextChunk) for c in self.chunks):
+            kinds = [type(c).__name__ for c in self.chunks]
+            raise ValueError(f"to_ints needs a ModelInput of EncodedTextChunks only, got chunks {kinds}")
+        return [int(t) for c in self.chunks for t in c.tokens]  # type: ignore[union-attr]
+
+    @property
+    def length(self) -> int:
+        return sum(c.length for c in self.chunks)
+
+    def append(self, chunk: ModelInputChunk) -> ModelInput:
+        """A new ModelInput with ``chunk`` added at the end."""
+        return ModelInput(chunks=[*self.chunks, chunk])
+
+    def append_int(self, token: int) -> ModelInput:
+        """A new ModelInput with one more token at the end."""
+        return self.append(EncodedTextChunk(tokens=[token]))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tensors and training data
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _numpy_dtype_name(dtype: np.dtype[Any]) -> TensorDtype:
+    if dtype.kind == "f":
+        return "float32"
+    if dtype.kind in "iub":
+        return "int64"
+    raise ValueError(f"TensorData supports integer and float arrays, got numpy dtype {dtype}")
+
+
+class TensorData(StrictBase):
+    data: list[int] | list[float]
+    """The tensor's values, flattened."""
+
+    dtype: TensorDtype
+    shape: list[int] | None = None
+    """The tensor's shape; None means one-dimensional."""
+
+    @classmethod
+    def from_numpy(cls, array: npt.NDArray[Any]) -> TensorData:
+        return cls(data=array.flatten().tolist(), dtype=_numpy_dtype_name(array.dtype), shape=list(array.shape))
+
+    @classmethod
+    def from_torch(cls, tensor: "torch.Tensor") -> TensorData:
+        dtype: TensorDtype = "float32" if tensor.dtype.is_floating_point else "int64"
+        return cls(data=tensor.detach().cpu().flatten().tolist(), dtype=dtype, shape=list(tensor.shape))
+
+    def to_numpy(self) -> npt.NDArray[Any]:
+        array = np.asarray(self.data, dtype=np.float32 if self.dtype == "float32" else np.int64)
+        return array.reshape(self.shape) if self.shape is not None else array
+
+    def to_torch(self) -> "torch.Tensor":
+        return torch.from_numpy(self.to_numpy())
+
+    def tolist(self) -> list[Any]:
+        return self.to_numpy().tolist()
+
+
+LossFnInputs: TypeAlias = dict[str, TensorData]
+LossFnOutput: TypeAlias = dict[str, TensorData]
+
+# dtype of each well-known loss input, used when a plain list is given.
+_KEY_DTYPES: dict[str, TensorDtype] = {
+    "target_tokens": "int64",
+    "weights": "float32",
+    "advantages": "float32",
+    "logprobs": "float32",
+    "clip_low_threshold": "float32",
+    "clip_high_threshold": "float32",
+}
+
+
+def _to_tensor_data(key: str, value: Any) -> Any:
+    if _HAVE_TORCH and isinstance(value, torch.Tensor):
+        td = TensorData.from_torch(value)
+    elif isinstance(value, np.ndarray):
+        td = TensorData.from_numpy(value)
+    elif isinstance(value, (list, tuple)):
+        dtype = _KEY_DTYPES.get(key)
+        if dtype is None:
+            dtype = "float32" if any(isinstance(v, float) for v in value) else "int64"
+        data = [float(v) for v in value] if dtype == "float32" else [int(v) for v in value]
+        return TensorData(data=data, dtype=dtype, shape=[len(value)])
+    else:
+        return value
+    # Arrays keep their values but take the dtype the key calls for (e.g. int32 tokens -> int64).
+    want = _KEY_DTYPES.get(key)
+    if want is not None and want != td.dtype:
+        data = [float(v) for v in td.data] if want == "float32" else [int(v) for v in td.data]
+        td = TensorData(data=data, dtype=want, shape=td.shape)
+    return td
+
+
+class Datum(StrictBase):
+    loss_fn_inputs: LossFnInputs
+    """Per-token inputs of the loss (``target_tokens``, ``weights``, ``logprobs``, ``advantages``, ...)."""
+
+    model_input: ModelInput
+
+    @model_validator(mode="before")
+    @classmethod
+    def _convert_tensors(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("loss_fn_inputs"), dict):
+            data = dict(data)
+            data["loss_fn_inputs"] = {k: _to_tensor_data(k, v) for k, v in data["loss_fn_inputs"].items()}
+        return data
+
+
+class AdamParams(StrictBase):
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    """Decoupled (AdamW) weight decay."""
+
+    grad_clip_norm: float = 0.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+
+
+class LoraConfig(StrictBase):
+    rank: int
+    seed: int | None = None
+    train_unembed: bool = True
+    train_mlp: bool = True
+    train_attn: bool = True
+
+
+class ForwardBackwardInput(StrictBase):
+    data: list[Datum]
+    loss_fn: LossFnType
+    loss_fn_config: dict[str, float] | None = None
+
+
+class ForwardBackwardOutput(LooseBase):
+    loss_fn_output_type: str
+    loss_fn_outputs: list[LossFnOutput]
+    """One dict per datum; each holds the ``logprobs`` of its target tokens."""
+
+    metrics: dict[str, float]
+
+
+class OptimStepResponse(LooseBase):
+    metrics: dict[str, float] | None = None
+
+
+class SaveWeightsResponse(LooseBase):
+    path: str
+    """``tinker://<run_id>/weights/<name>``"""
+
+    type: Literal["save_weights"] | None = None
+
+
+class SaveWeightsForSamplerResponse(LooseBase):
+    path: str
+    """``tinker://<run_id>/sampler_weights/<name>``"""
+
+    type: Literal["save_weights_for_sampler"] | None = None
+
+
+class LoadWeightsResponse(LooseBase):
+    path: str | None = None
+    type: Literal["load_weights"] | None = None
+
+
+class ModelData(LooseBase):
+    arch: str | None = None
+    model_name: str | None = None
+    tokenizer_id: str | None = None
+
+
+class GetInfoResponse(LooseBase):
+    type: Literal["get_info"] | None = None
+    model_data: ModelData
+    model_id: ModelID
+    is_lora: bool | None = None
+    lora_rank: int | None = None
+    model_name: str | None = None
+
+
+class SupportedModel(LooseBase):
+    model_name: str | None = None
+    max_context_length: int | None = None
+
+
+class GetServerCapabilitiesResponse(LooseBase):
+    supported_models: list[SupportedModel]
+
+
+class CreateModelResponse(LooseBase):
+    model_id: ModelID
+    type: Literal["create_model"] = "create_model"
+
+
+class UnloadModelResponse(LooseBase):
+    model_id: ModelID
+    type: Literal["unload_model"] | None = None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sampling
+# ---------------------------------------------------------------------------------------------------------
+
+
+class SamplingParams(LooseBase):
+    max_tokens: int | None = None
+    seed: int | None = None
+    stop: str | Sequence[str] | Sequence[int] | None = None
+    temperature: float = 1.0
+    top_k: int = -1
+    """-1 means no limit."""
+
+    top_p: float = 1.0
+
+
+class SampledSequence(LooseBase):
+    stop_reason: StopReason
+    tokens: list[int]
+    logprobs: list[float] | None = None
+    """Logprob of each sampled token under the temperature-scaled distribution."""
+
+
+class SampleResponse(LooseBase):
+    sequences: Sequence[SampledSequence]
+    type: Literal["sample"] = "sample"
+    prompt_logprobs: list[float | None] | None = None
+    """With include_prompt_logprobs: one value per prompt token, the first None."""
+
+    topk_prompt_logprobs: list[list[tuple[int, float]] | None] | None = None
+    """With topk_prompt_logprobs=k: up to k (token_id, logprob) pairs per prompt token, the first None."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Runs and checkpoints
+# ---------------------------------------------------------------------------------------------------------
+
+_TINKER_PATH = re.compile(r"^tinker://(?P<run>[A-Za-z0-9_.-]+)/(?P<kind>weights|sampler_weights)/(?P<name>[A-Za-z0-9_.-]+)$")
+
+
+class ParsedCheckpointTinkerPath(LooseBase):
+    tinker_path: str
+    training_run_id: str
+    checkpoint_type: CheckpointType
+    checkpoint_id: str
+    """``weights/<name>`` or ``sampler_weights/<name>``."""
+
+    @classmethod
+    def from_tinker_path(cls, tinker_path: str) -> ParsedCheckpointTinkerPath:
+        match = _TINKER_PATH.match(tinker_path)
+        if match is None or match["name"] in (".", "..") or match["run"] in (".", ".."):
+            raise ValueError(
+                f"not a checkpoint path: {tinker_path!r}; expected tinker://<run_id>/weights/<name> "
+                "or tinker://<run_id>/sampler_weights/<name> (names use letters, digits, '_', '-', '.')"
+            )
+        kind = match["kind"]
+        return cls(
+            tinker_path=tinker_path,
+            training_run_id=match["run"],
+            checkpoint_type="training" if kind == "weights" else "sampler",
+            checkpoint_id=f"{kind}/{match['name']}",
+        )
+
+
+class Checkpoint(LooseBase):
+    checkpoint_id: str
+    checkpoint_type: CheckpointType
+    time: datetime
+    tinker_path: str
+    size_bytes: int | None = None
+    public: bool = False
+    expires_at: datetime | None = None
+
+
+class TrainingRun(LooseBase):
+    training_run_id: str
+    base_model: str
+    model_owner: str = "local"
+    is_lora: bool = True
+    corrupted: bool = False
+    lora_rank: int | None = None
+    last_request_time: datetime | None = None
+    last_checkpoint: Checkpoint | None = None
+    last_sampler_checkpoint: Checkpoint | None = None
+    user_metadata: dict[str, str] | None = None
+
+
+class Cursor(LooseBase):
+    offset: int
+    limit: int
+    total_count: int
+
+
+class TrainingRunsResponse(LooseBase):
+    training_runs: list[TrainingRun]
+    cursor: Cursor | None = None
+
+
+class CheckpointsListResponse(LooseBase):
+    checkpoints: list[Checkpoint]
+    cursor: Cursor | None = None
+
+
+class WeightsInfoResponse(LooseBase):
+    base_model: str
+    is_lora: bool
+    lora_rank: int | None = None
+    train_unembed: bool | None = None
+    train_mlp: bool | None = None
+    train_attn: bool | None = None
+
+
+class CheckpointArchiveUrlResponse(LooseBase):
+    url: str
+    """A ``file://`` URL of a tar archive of the checkpoint (the local stand-in for a signed URL)."""
+
+    expires: datetime | None = None
