@@ -1,0 +1,608 @@
+"""The local checkpoint store behind ``tinker://`` paths.
+
+Layout under the root (``$TINKER_COOKBOOK_HOME``, default ``~/.tinker_cookbook``)::
+
+    runs/<run_id>/run.json                         base model, LoRA config, user metadata, times
+    runs/<run_id>/weights/<name>/                  training state (save_state)
+    runs/<run_id>/sampler_weights/<name>/          sampler weights (save_weights_for_sampler)
+    runs/<run_id>/.staging/                        half-written checkpoints and directories being deleted
+    runs/<run_id>/.archives/<kind>/<name>/         cached .tar archives for download
+
+A checkpoint directory holds the engine's files plus ``checkpoint.json``. Writes are atomic: the engine fills a
+staging directory, ``checkpoint.json`` is written last, and one ``os.rename`` moves the whole directory into place,
+so a killed save never leaves a half checkpoint that lists or loads. A directory without ``checkpoint.json`` is
+never listed or loaded. The store only moves files around; it never unpickles anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal, TypeAlias
+
+from tinker_cookbook.tinker import errors, types
+
+HOME_ENV_VAR = "TINKER_COOKBOOK_HOME"
+CHECKPOINT_FILE = "checkpoint.json"
+RUN_FILE = "run.json"
+CheckpointKind: TypeAlias = Literal["weights", "sampler_weights"]
+KINDS: tuple[CheckpointKind, ...] = ("weights", "sampler_weights")
+_KIND_TO_TYPE: dict[str, types.CheckpointType] = {"weights": "training", "sampler_weights": "sampler"}
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+_MAX_NAME_LEN = 128
+# A staging directory this old belongs to a save that was killed; it is only wasted disk space by then.
+_STALE_STAGING_SECONDS = 24 * 3600
+
+
+def default_root() -> Path:
+    """The store root: ``$TINKER_COOKBOOK_HOME`` if set, else ``~/.tinker_cookbook``."""
+    env = os.environ.get(HOME_ENV_VAR)
+    return Path(env).expanduser() if env else Path.home() / ".tinker_cookbook"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _validate_name(field: str, value: Any) -> str:
+    """Check a run id or checkpoint name: letters, digits, '_', '-', '.', not starting with '.'."""
+    if (
+        not isinstance(value, str)
+        or not value
+        or len(value) > _MAX_NAME_LEN
+        or not set(value) <= _NAME_CHARS
+        or value.startswith(".")
+    ):
+        raise errors.BadRequestError(
+            f"{field}={value!r} is not a valid name; use 1-{_MAX_NAME_LEN} letters, digits, '_', '-' or '.' "
+            "(not starting with '.'), e.g. 'step_0010'"
+        )
+    return value
+
+
+def _normalize_kind(kind: str) -> CheckpointKind:
+    """Accept both directory kinds (weights/sampler_weights) and API types (training/sampler)."""
+    mapping: dict[str, CheckpointKind] = {
+        "weights": "weights",
+        "training": "weights",
+        "sampler_weights": "sampler_weights",
+        "sampler": "sampler_weights",
+    }
+    if kind not in mapping:
+        raise errors.BadRequestError(
+            f"kind={kind!r} is not a checkpoint kind; use 'weights' or 'sampler_weights'"
+        )
+    return mapping[kind]
+
+
+def parse_tinker_path(tinker_path: Any) -> tuple[str, CheckpointKind, str]:
+    """Split ``tinker://<run_id>/(weights|sampler_weights)/<name>`` into (run_id, kind, name).
+
+    Raises BadRequestError for anything else: other schemes, local file paths, extra or missing segments,
+    unsafe names.
+    """
+    if not isinstance(tinker_path, str):
+        raise errors.BadRequestError(
+            f"checkpoint path must be a string like 'tinker://<run_id>/weights/<name>', got {tinker_path!r}"
+        )
+    if not tinker_path.startswith("tinker://"):
+        scheme = tinker_path.split("://", 1)[0] + "://" if "://" in tinker_path else "no scheme"
+        raise errors.BadRequestError(
+            f"checkpoint path {tinker_path!r} is not a tinker:// path ({scheme}); this store only serves "
+            "tinker://<run_id>/weights/<name> and tinker://<run_id>/sampler_weights/<name> "
+            "(list them with `tinker-cookbook checkpoint list`)"
+        )
+    try:
+        parsed = types.ParsedCheckpointTinkerPath.from_tinker_path(tinker_path)
+    except ValueError as e:
+        raise errors.BadRequestError(f"malformed checkpoint path: {e}") from None
+    kind_dir, name = parsed.checkpoint_id.split("/", 1)
+    run_id = _validate_name("run_id in " + repr(tinker_path), parsed.training_run_id)
+    _validate_name("checkpoint name in " + repr(tinker_path), name)
+    return run_id, _normalize_kind(kind_dir), name
+
+
+def make_tinker_path(run_id: str, kind: CheckpointKind, name: str) -> str:
+    return f"tinker://{run_id}/{kind}/{name}"
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any], staging: Path) -> None:
+    """Write JSON to a staging file first so readers see either the old or the new file, never a partial one."""
+    staging.mkdir(parents=True, exist_ok=True)
+    tmp = staging / f"{path.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object at ``path``, or None if it is missing or unreadable."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _paginate(items: list[Any], limit: int, offset: int) -> tuple[list[Any], types.Cursor]:
+    """Slice a full listing; ``limit=0`` means all items."""
+    if not isinstance(limit, int) or limit < 0:
+        raise errors.BadRequestError(f"limit={limit!r} must be an integer >= 0 (0 means all)")
+    if not isinstance(offset, int) or offset < 0:
+        raise errors.BadRequestError(f"offset={offset!r} must be an integer >= 0")
+    page = items[offset:] if limit == 0 else items[offset : offset + limit]
+    cursor = types.Cursor(offset=offset, limit=limit if limit else len(items), total_count=len(items))
+    return page, cursor
+
+
+class CheckpointStore:
+    """Runs and checkpoints on the local filesystem, addressed by ``tinker://`` paths."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root).expanduser() if root is not None else default_root()
+        self._lock = threading.RLock()
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Paths
+    # ----------------------------------------------------------------------------------------------------------
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.root / "runs"
+
+    def _safe_join(self, *parts: str) -> Path:
+        """``runs/<parts...>``, checked to resolve inside the root (guards against symlinked escapes)."""
+        path = self.runs_dir.joinpath(*parts)
+        root = self.root.resolve()
+        if not path.resolve().is_relative_to(root):
+            raise errors.BadRequestError(
+                f"path {'/'.join(parts)!r} resolves outside the checkpoint store root {str(root)!r}; "
+                "remove the symlink or move the run into the store"
+            )
+        return path
+
+    def _run_dir(self, run_id: str) -> Path:
+        """The directory of an existing run; NotFoundError if there is none."""
+        run_dir = self._safe_join(_validate_name("run_id", run_id))
+        if not (run_dir / RUN_FILE).is_file():
+            known = sorted((p.name for p in self.runs_dir.glob("*/" + RUN_FILE)), reverse=True)[:10]
+            raise errors.NotFoundError(
+                f"training run {run_id!r} not found in {str(self.runs_dir)!r}; known runs (newest first): "
+                f"{known or 'none'}. List them with `tinker-cookbook run list` (set {HOME_ENV_VAR} to use "
+                "another store)"
+            )
+        return run_dir
+
+    @staticmethod
+    def _staging(run_dir: Path) -> Path:
+        return run_dir / ".staging"
+
+    @staticmethod
+    def _archive_dir(run_dir: Path, kind: CheckpointKind, name: str) -> Path:
+        return run_dir / ".archives" / kind / name
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Runs
+    # ----------------------------------------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        base_model: str,
+        lora_config: types.LoraConfig,
+        user_metadata: dict[str, str] | None = None,
+        run_id: str | None = None,
+    ) -> str:
+        """Register a new training run and return its id (``run-YYYYmmdd-HHMMSS-xxxxxx`` unless given)."""
+        if user_metadata is not None and not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in user_metadata.items()
+        ):
+            raise errors.BadRequestError(f"user_metadata={user_metadata!r} must map strings to strings")
+        created = _now()
+        record = {
+            "base_model": base_model,
+            "lora_rank": lora_config.rank,
+            "seed": lora_config.seed,
+            "train_unembed": lora_config.train_unembed,
+            "train_mlp": lora_config.train_mlp,
+            "train_attn": lora_config.train_attn,
+            "user_metadata": dict(user_metadata) if user_metadata else None,
+            "created_time": created.isoformat(),
+            "last_request_time": created.isoformat(),
+        }
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        for _ in range(100):
+            candidate = run_id or f"run-{created:%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+            run_dir = self._safe_join(_validate_name("run_id", candidate))
+            try:
+                run_dir.mkdir()
+            except FileExistsError:
+                if run_id is not None:
+                    raise errors.ConflictError(
+                        f"training run {run_id!r} already exists; pass run_id=None for a fresh id"
+                    ) from None
+                continue
+            _write_json_atomic(run_dir / RUN_FILE, record, self._staging(run_dir))
+            return candidate
+        raise errors.InternalServerError(f"could not find a free run id under {str(self.runs_dir)!r}")
+
+    def touch_run(self, run_id: str) -> None:
+        """Record that the run just served a request (shown as last_request_time)."""
+        with self._lock:
+            record = self.run_record(run_id)
+            run_dir = self.runs_dir / run_id
+            record["last_request_time"] = _now().isoformat()
+            _write_json_atomic(run_dir / RUN_FILE, record, self._staging(run_dir))
+
+    def run_record(self, run_id: str) -> dict[str, Any]:
+        """The raw ``run.json`` of a run (base model, LoRA config, user metadata, times)."""
+        run_dir = self._run_dir(run_id)
+        record = _read_json(run_dir / RUN_FILE)
+        if record is None:
+            raise errors.RequestFailedError(
+                f"{str(run_dir / RUN_FILE)!r} is unreadable; the run is corrupted"
+            )
+        return record
+
+    def get_run(self, run_id: str) -> types.TrainingRun:
+        return self._training_run(self._run_dir(run_id))
+
+    def list_runs(self, limit: int = 20, offset: int = 0) -> types.TrainingRunsResponse:
+        """Training runs, newest first; ``limit=0`` lists all."""
+        page, cursor = _paginate(self._all_runs(), limit, offset)
+        return types.TrainingRunsResponse(training_runs=page, cursor=cursor)
+
+    def _all_runs(self) -> list[types.TrainingRun]:
+        if not self.runs_dir.is_dir():
+            return []
+        runs = []
+        for run_dir in self.runs_dir.iterdir():
+            if run_dir.name.startswith(".") or not (run_dir / RUN_FILE).is_file():
+                continue
+            runs.append((self._created_time(run_dir), run_dir.name, self._training_run(run_dir)))
+        runs.sort(key=lambda t: (t[0], t[1]), reverse=True)
+        return [run for _, _, run in runs]
+
+    @staticmethod
+    def _created_time(run_dir: Path) -> datetime:
+        record = _read_json(run_dir / RUN_FILE) or {}
+        try:
+            return datetime.fromisoformat(record["created_time"])
+        except (KeyError, TypeError, ValueError):
+            return datetime.fromtimestamp((run_dir / RUN_FILE).stat().st_mtime, UTC)
+
+    def _training_run(self, run_dir: Path) -> types.TrainingRun:
+        record = _read_json(run_dir / RUN_FILE)
+        if record is None or "base_model" not in record:
+            return types.TrainingRun(
+                training_run_id=run_dir.name, base_model="<unreadable run.json>", corrupted=True
+            )
+        checkpoints = self._run_checkpoints(run_dir)
+        last = {
+            kind: next((c for c in checkpoints if c.checkpoint_type == ckpt_type), None)
+            for kind, ckpt_type in _KIND_TO_TYPE.items()
+        }
+        last_request = record.get("last_request_time")
+        return types.TrainingRun(
+            training_run_id=run_dir.name,
+            base_model=record["base_model"],
+            is_lora=True,
+            lora_rank=record.get("lora_rank"),
+            last_request_time=datetime.fromisoformat(last_request) if last_request else None,
+            last_checkpoint=last["weights"],
+            last_sampler_checkpoint=last["sampler_weights"],
+            user_metadata=record.get("user_metadata"),
+        )
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Writing checkpoints
+    # ----------------------------------------------------------------------------------------------------------
+
+    def write_checkpoint(
+        self,
+        run_id: str,
+        kind: CheckpointKind,
+        name: str,
+        writer: Callable[[Path], None],
+        metadata: dict[str, Any],
+        ttl_seconds: int | None = None,
+        overwrite: bool = False,
+    ) -> types.Checkpoint:
+        """Create ``tinker://<run_id>/<kind>/<name>`` atomically.
+
+        ``writer`` fills the staging directory it is given with the engine's files (safetensors, JSON). If it
+        raises, the staging directory is removed and nothing becomes visible. An existing checkpoint of the same
+        name is a ConflictError unless ``overwrite=True``, in which case it is replaced as a whole.
+        """
+        kind = _normalize_kind(kind)
+        _validate_name("name", name)
+        try:
+            json.dumps(metadata)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"checkpoint metadata must be JSON-serializable, got {metadata!r}: {e}") from None
+        expires_at = self._expires_at(ttl_seconds)
+        run_dir = self._run_dir(run_id)
+        target = self._safe_join(run_id, kind, name)
+        tinker_path = make_tinker_path(run_id, kind, name)
+        if not overwrite and self._load_checkpoint(run_dir, kind, name) is not None:
+            raise self._conflict(tinker_path)
+        staging = self._staging(run_dir)
+        self._clean_stale_staging(staging)
+        staging.mkdir(parents=True, exist_ok=True)
+        tmp = staging / f"{kind}-{name}-{uuid.uuid4().hex}"
+        tmp.mkdir()
+        try:
+            writer(tmp)
+            created = _now()
+            record = {
+                "checkpoint_type": _KIND_TO_TYPE[kind],
+                "time": created.isoformat(),
+                "size_bytes": _dir_size(tmp),
+                "public": False,
+                "expires_at": expires_at.isoformat() if expires_at else None,
+                "metadata": metadata,
+            }
+            # checkpoint.json last: its presence is what marks the directory complete.
+            _write_json_atomic(tmp / CHECKPOINT_FILE, record, staging)
+            self._move_into_place(tmp, target, tinker_path, overwrite, staging)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(self._archive_dir(run_dir, kind, name), ignore_errors=True)
+        self.touch_run(run_id)
+        return self._checkpoint_from_record(run_id, kind, name, record)
+
+    @staticmethod
+    def _conflict(tinker_path: str) -> errors.ConflictError:
+        return errors.ConflictError(
+            f"checkpoint {tinker_path} already exists; choose another name or pass overwrite=True to replace it"
+        )
+
+    def _move_into_place(
+        self, tmp: Path, target: Path, tinker_path: str, overwrite: bool, staging: Path
+    ) -> None:
+        with self._lock:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            old = None
+            if target.exists():
+                # Replace in two renames: old away, new in. Readers see the old, then briefly nothing, then
+                # the new checkpoint, never a mix of the two.
+                complete = (target / CHECKPOINT_FILE).is_file() and not self._is_expired(target)
+                if complete and not overwrite:
+                    raise self._conflict(tinker_path)
+                old = staging / f"old-{uuid.uuid4().hex}"
+                os.rename(target, old)
+            try:
+                os.rename(tmp, target)
+            except OSError as e:  # another process created the same checkpoint in the meantime
+                raise errors.ConflictError(
+                    f"checkpoint {tinker_path} was written concurrently: {e}"
+                ) from None
+            finally:
+                if old is not None:
+                    shutil.rmtree(old, ignore_errors=True)
+
+    @staticmethod
+    def _clean_stale_staging(staging: Path) -> None:
+        """Remove staging leftovers of saves that were killed long ago (they are never listed anyway)."""
+        if not staging.is_dir():
+            return
+        cutoff = time.time() - _STALE_STAGING_SECONDS
+        for entry in staging.iterdir():
+            try:
+                if entry.stat().st_mtime < cutoff:
+                    shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            except OSError:
+                pass
+
+    @staticmethod
+    def _expires_at(ttl_seconds: int | None) -> datetime | None:
+        if ttl_seconds is None:
+            return None
+        if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int) or ttl_seconds <= 0:
+            raise errors.BadRequestError(
+                f"ttl_seconds={ttl_seconds!r} must be a positive integer number of seconds, or None to keep "
+                "the checkpoint until it is deleted"
+            )
+        return _now() + timedelta(seconds=ttl_seconds)
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Reading checkpoints
+    # ----------------------------------------------------------------------------------------------------------
+
+    def _load_checkpoint(self, run_dir: Path, kind: CheckpointKind, name: str) -> dict[str, Any] | None:
+        """The checkpoint.json of a complete, unexpired checkpoint, else None (expired ones are removed)."""
+        ckpt_dir = run_dir / kind / name
+        record = _read_json(ckpt_dir / CHECKPOINT_FILE)
+        if record is None:
+            return None
+        expires = record.get("expires_at")
+        if expires and datetime.fromisoformat(expires) <= _now():
+            self._remove_dir(run_dir, ckpt_dir)
+            shutil.rmtree(self._archive_dir(run_dir, kind, name), ignore_errors=True)
+            return None
+        return record
+
+    @staticmethod
+    def _is_expired(ckpt_dir: Path) -> bool:
+        expires = (_read_json(ckpt_dir / CHECKPOINT_FILE) or {}).get("expires_at")
+        return bool(expires) and datetime.fromisoformat(expires) <= _now()
+
+    def _remove_dir(self, run_dir: Path, ckpt_dir: Path) -> None:
+        """Rename away first so the directory vanishes at once, then delete at leisure."""
+        graveyard = self._staging(run_dir) / f"old-{uuid.uuid4().hex}"
+        graveyard.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(ckpt_dir, graveyard)
+        except FileNotFoundError:  # someone else removed it first
+            return
+        shutil.rmtree(graveyard, ignore_errors=True)
+
+    def _resolve(self, tinker_path: str) -> tuple[str, CheckpointKind, str, Path, dict[str, Any]]:
+        """Parse and look up a path: (run_id, kind, name, directory, checkpoint.json)."""
+        run_id, kind, name = parse_tinker_path(tinker_path)
+        run_dir = self._run_dir(run_id)
+        ckpt_dir = self._safe_join(run_id, kind, name)
+        record = self._load_checkpoint(run_dir, kind, name)
+        if record is None:
+            names = [c.tinker_path for c in self._run_checkpoints(run_dir)][:10]
+            raise errors.NotFoundError(
+                f"checkpoint {tinker_path} not found (never saved, deleted, or expired); checkpoints of run "
+                f"{run_id!r}: {names or 'none'}. List them with `tinker-cookbook checkpoint list --run-id {run_id}`"
+            )
+        return run_id, kind, name, ckpt_dir, record
+
+    def checkpoint_dir(self, tinker_path: str, expected_kind: str | None = None) -> Path:
+        """The directory of a complete checkpoint, optionally checking it is of ``expected_kind``."""
+        _, kind, _ = parse_tinker_path(tinker_path)
+        if expected_kind is not None and _normalize_kind(expected_kind) != kind:
+            raise errors.BadRequestError(self._kind_mismatch_message(tinker_path, kind))
+        return self._resolve(tinker_path)[3]
+
+    @staticmethod
+    def _kind_mismatch_message(tinker_path: str, kind: CheckpointKind) -> str:
+        if kind == "weights":
+            return (
+                f"{tinker_path} is a training state (from save_state); sampling needs a sampler_weights/ path "
+                "from save_weights_for_sampler"
+            )
+        return (
+            f"{tinker_path} holds sampler weights (from save_weights_for_sampler) without optimizer state; "
+            "load_state and create_training_client_from_state need a weights/ path from save_state"
+        )
+
+    def checkpoint_metadata(self, tinker_path: str) -> dict[str, Any]:
+        """The engine's metadata dict stored with the checkpoint."""
+        return dict(self._resolve(tinker_path)[4].get("metadata") or {})
+
+    def get_checkpoint(self, tinker_path: str) -> types.Checkpoint:
+        run_id, kind, name, _, record = self._resolve(tinker_path)
+        return self._checkpoint_from_record(run_id, kind, name, record)
+
+    @staticmethod
+    def _checkpoint_from_record(
+        run_id: str, kind: CheckpointKind, name: str, record: dict[str, Any]
+    ) -> types.Checkpoint:
+        expires = record.get("expires_at")
+        return types.Checkpoint(
+            checkpoint_id=f"{kind}/{name}",
+            checkpoint_type=_KIND_TO_TYPE[kind],
+            time=datetime.fromisoformat(record["time"]),
+            tinker_path=make_tinker_path(run_id, kind, name),
+            size_bytes=record.get("size_bytes"),
+            public=bool(record.get("public", False)),
+            expires_at=datetime.fromisoformat(expires) if expires else None,
+        )
+
+    def _iter_checkpoints(self, run_dir: Path) -> Iterator[types.Checkpoint]:
+        for kind in KINDS:
+            kind_dir = run_dir / kind
+            if not kind_dir.is_dir():
+                continue
+            for entry in kind_dir.iterdir():
+                if entry.name.startswith(".") or entry.is_symlink() or not entry.is_dir():
+                    continue
+                record = self._load_checkpoint(run_dir, kind, entry.name)
+                if record is not None:
+                    try:
+                        yield self._checkpoint_from_record(run_dir.name, kind, entry.name, record)
+                    except (KeyError, TypeError, ValueError):
+                        continue  # a hand-edited or foreign checkpoint.json: not a checkpoint we can serve
+
+    def _run_checkpoints(self, run_dir: Path) -> list[types.Checkpoint]:
+        """All live checkpoints of a run, newest first."""
+        return sorted(self._iter_checkpoints(run_dir), key=lambda c: (c.time, c.tinker_path), reverse=True)
+
+    def list_checkpoints(self, run_id: str) -> types.CheckpointsListResponse:
+        """The run's checkpoints of both kinds, newest first."""
+        checkpoints = self._run_checkpoints(self._run_dir(run_id))
+        cursor = types.Cursor(offset=0, limit=len(checkpoints), total_count=len(checkpoints))
+        return types.CheckpointsListResponse(checkpoints=checkpoints, cursor=cursor)
+
+    def list_user_checkpoints(self, limit: int = 100, offset: int = 0) -> types.CheckpointsListResponse:
+        """Checkpoints of every run, newest first; ``limit=0`` lists all."""
+        run_dirs = [self.runs_dir / r.training_run_id for r in self._all_runs()]
+        everything = [c for run_dir in run_dirs for c in self._iter_checkpoints(run_dir)]
+        everything.sort(key=lambda c: (c.time, c.tinker_path), reverse=True)
+        page, cursor = _paginate(everything, limit, offset)
+        return types.CheckpointsListResponse(checkpoints=page, cursor=cursor)
+
+    def weights_info(self, tinker_path: str) -> types.WeightsInfoResponse:
+        """Base model and LoRA config the checkpoint was trained with."""
+        run_id = self._resolve(tinker_path)[0]
+        record = self.run_record(run_id)
+        return types.WeightsInfoResponse(
+            base_model=record["base_model"],
+            is_lora=True,
+            lora_rank=record.get("lora_rank"),
+            train_unembed=record.get("train_unembed"),
+            train_mlp=record.get("train_mlp"),
+            train_attn=record.get("train_attn"),
+        )
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Changing checkpoints
+    # ----------------------------------------------------------------------------------------------------------
+
+    def delete_checkpoint(self, tinker_path: str) -> None:
+        run_id, kind, name, ckpt_dir, _ = self._resolve(tinker_path)
+        run_dir = self.runs_dir / run_id
+        with self._lock:
+            self._remove_dir(run_dir, ckpt_dir)
+        shutil.rmtree(self._archive_dir(run_dir, kind, name), ignore_errors=True)
+
+    def _update_record(self, tinker_path: str, **changes: Any) -> None:
+        with self._lock:
+            run_id, _, _, ckpt_dir, record = self._resolve(tinker_path)
+            record.update(changes)
+            _write_json_atomic(ckpt_dir / CHECKPOINT_FILE, record, self._staging(self.runs_dir / run_id))
+
+    def set_public(self, tinker_path: str, public: bool) -> None:
+        self._update_record(tinker_path, public=bool(public))
+
+    def set_ttl(self, tinker_path: str, ttl_seconds: int | None) -> None:
+        """Expire the checkpoint ``ttl_seconds`` from now; None keeps it until deleted."""
+        expires_at = self._expires_at(ttl_seconds)
+        self._update_record(tinker_path, expires_at=expires_at.isoformat() if expires_at else None)
+
+    def archive(self, tinker_path: str) -> Path:
+        """A .tar of the checkpoint's files (without the store's checkpoint.json), built once and cached."""
+        run_id, kind, name, ckpt_dir, record = self._resolve(tinker_path)
+        cache_dir = self._archive_dir(self.runs_dir / run_id, kind, name)
+        # Keyed by the checkpoint's write time, so an overwritten checkpoint never serves a stale archive.
+        stamp = datetime.fromisoformat(record["time"]).strftime("%Y%m%dT%H%M%S%f")
+        tar_path = cache_dir / f"{run_id}_{kind}_{name}_{stamp}.tar"
+        if tar_path.is_file():
+            return tar_path
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = cache_dir / f".{uuid.uuid4().hex}.tmp"
+        try:
+            with tarfile.open(tmp, "w") as tar:
+                for file in sorted(ckpt_dir.rglob("*")):
+                    if file.is_file() and not file.is_symlink() and file.name != CHECKPOINT_FILE:
+                        tar.add(file, arcname=file.relative_to(ckpt_dir).as_posix(), recursive=False)
+            os.replace(tmp, tar_path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        for stale in cache_dir.glob("*.tar"):
+            if stale != tar_path:
+                stale.unlink(missing_ok=True)
+        return tar_path
