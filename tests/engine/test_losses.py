@@ -1,0 +1,84 @@
+"""Built-in losses against hand-computed values.
+
+Shared example (3 tokens): learner logp = [-1.0, -2.0, -0.5]; sampler q = [-1.0, -2.5, -0.5];
+advantages A = [1, 2, -1]; ratio r = exp(logp - q) = [1, e^0.5 = 1.6487213, 1].
+"""
+
+import math
+
+import pytest
+import torch
+
+from tinker_cookbook.engine import losses
+from tinker_cookbook.tinker.errors import BadRequestError
+
+LOGP = [-1.0, -2.0, -0.5]
+INPUTS = {
+    "logprobs": torch.tensor([-1.0, -2.5, -0.5]),
+    "advantages": torch.tensor([1.0, 2.0, -1.0]),
+    "weights": torch.tensor([1.0, 0.0, 1.0]),
+}
+
+
+def _run(name: str, config: dict | None = None) -> tuple[float, list[float]]:
+    logp = torch.tensor(LOGP, requires_grad=True)
+    spec = losses.get_loss(name)
+    loss = spec.fn(logp, INPUTS, losses.resolve_config(name, config))
+    loss.backward()
+    return loss.item(), logp.grad.tolist()
+
+
+def test_cross_entropy():
+    # -(1*-1 + 0*-2 + 1*-0.5) = 1.5; d/dlogp = -w
+    loss, grad = _run("cross_entropy")
+    assert loss == pytest.approx(1.5)
+    assert grad == pytest.approx([-1.0, 0.0, -1.0])
+
+
+def test_importance_sampling():
+    # -(1*1 + e^0.5*2 + 1*-1) = -2e^0.5 = -3.2974425; d/dlogp = -r*A
+    loss, grad = _run("importance_sampling")
+    assert loss == pytest.approx(-2 * math.exp(0.5), rel=1e-6)
+    assert grad == pytest.approx([-1.0, -2 * math.exp(0.5), 1.0], rel=1e-6)
+
+
+def test_ppo_clips_large_ratio():
+    # token 2: min(1.6487*2, 1.2*2) = 2.4 -> loss = -(1 + 2.4 - 1) = -2.4; clipped token has zero gradient
+    loss, grad = _run("ppo")
+    assert loss == pytest.approx(-2.4, rel=1e-6)
+    assert grad == pytest.approx([-1.0, 0.0, 1.0], abs=1e-6)
+
+
+def test_ppo_custom_thresholds():
+    # clip to [0.9, 2.0]: token 2 unclipped (1.6487 < 2) -> same as IS
+    loss, _ = _run("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 2.0})
+    assert loss == pytest.approx(-2 * math.exp(0.5), rel=1e-6)
+
+
+def test_cispo():
+    # -(1*-1*1 + 1.2*-2*2 + 1*-0.5*-1) = -(-1 - 4.8 + 0.5) = 5.3; ratio detached: d/dlogp = -clip(r)*A
+    loss, grad = _run("cispo")
+    assert loss == pytest.approx(5.3, rel=1e-6)
+    assert grad == pytest.approx([-1.0, -2.4, 1.0], rel=1e-6)
+
+
+def test_dro():
+    # objective = logp*A - 0.5*beta*(logp-q)^2 = [-1, -4 - 0.025*0.25, 0.5] -> loss = 4.50625
+    loss, grad = _run("dro")
+    assert loss == pytest.approx(4.50625, rel=1e-6)
+    # d/dlogp = -(A - beta*(logp - q)) = [-1, -(2 - 0.05*0.5), 1]
+    assert grad == pytest.approx([-1.0, -1.975, 1.0], rel=1e-6)
+
+
+def test_dro_beta():
+    loss, _ = _run("dro", {"beta": 1.0})
+    assert loss == pytest.approx(4.5 + 0.5 * 0.25, rel=1e-6)
+
+
+def test_unknown_loss_and_config_key():
+    with pytest.raises(BadRequestError, match="not a built-in loss"):
+        losses.get_loss("mse")
+    with pytest.raises(BadRequestError, match="clip_low"):
+        losses.resolve_config("ppo", {"clip_low": 0.5})
+    with pytest.raises(BadRequestError, match="must be <="):
+        losses.resolve_config("ppo", {"clip_low_threshold": 1.5, "clip_high_threshold": 1.1})

@@ -1,0 +1,93 @@
+"""The built-in losses of ``forward_backward``, exactly as the Tinker docs define them.
+
+Each loss maps one datum's per-token learner logprobs ``logp`` (shape ``(N,)``, with grad) and its loss inputs to
+a scalar. All are *sums* over tokens: any normalisation (per sequence, per batch) is the caller's, baked into
+``weights`` or ``advantages``. ``q`` below is the sampler's logprob (input ``logprobs``), ``A`` the advantage.
+
+- cross_entropy:        -sum(w * logp)
+- importance_sampling:  -sum(exp(logp - q) * A)
+- ppo:                  -sum(min(r * A, clip(r, lo, hi) * A)),  r = exp(logp - q), lo/hi default 0.8/1.2
+- cispo:                -sum(sg(clip(r, lo, hi)) * logp * A),    lo/hi default 0.8/1.2
+- dro:                  -sum(logp * A - beta/2 * (logp - q)^2),  beta default 0.05
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from tinker_cookbook.tinker.errors import BadRequestError
+
+LossInputs = dict[str, torch.Tensor]
+LossFn = Callable[[torch.Tensor, LossInputs, dict[str, float]], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    fn: LossFn
+    required_inputs: tuple[str, ...]
+    config_defaults: dict[str, float]
+
+
+def cross_entropy(logp: torch.Tensor, inputs: LossInputs, config: dict[str, float]) -> torch.Tensor:
+    return -(logp * inputs["weights"]).sum()
+
+
+def importance_sampling(logp: torch.Tensor, inputs: LossInputs, config: dict[str, float]) -> torch.Tensor:
+    ratio = torch.exp(logp - inputs["logprobs"])
+    return -(ratio * inputs["advantages"]).sum()
+
+
+def ppo(logp: torch.Tensor, inputs: LossInputs, config: dict[str, float]) -> torch.Tensor:
+    advantages = inputs["advantages"]
+    ratio = torch.exp(logp - inputs["logprobs"])
+    clipped = torch.clamp(ratio, config["clip_low_threshold"], config["clip_high_threshold"])
+    return -torch.minimum(ratio * advantages, clipped * advantages).sum()
+
+
+def cispo(logp: torch.Tensor, inputs: LossInputs, config: dict[str, float]) -> torch.Tensor:
+    ratio = torch.exp(logp - inputs["logprobs"])
+    clipped = torch.clamp(ratio, config["clip_low_threshold"], config["clip_high_threshold"]).detach()
+    return -(clipped * logp * inputs["advantages"]).sum()
+
+
+def dro(logp: torch.Tensor, inputs: LossInputs, config: dict[str, float]) -> torch.Tensor:
+    quadratic = (logp - inputs["logprobs"]) ** 2
+    return -(logp * inputs["advantages"] - 0.5 * config["beta"] * quadratic).sum()
+
+
+_CLIP_DEFAULTS = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+_RL_INPUTS = ("target_tokens", "logprobs", "advantages")
+
+LOSSES: dict[str, LossSpec] = {
+    "cross_entropy": LossSpec(cross_entropy, ("target_tokens", "weights"), {}),
+    "importance_sampling": LossSpec(importance_sampling, _RL_INPUTS, {}),
+    "ppo": LossSpec(ppo, _RL_INPUTS, dict(_CLIP_DEFAULTS)),
+    "cispo": LossSpec(cispo, _RL_INPUTS, dict(_CLIP_DEFAULTS)),
+    "dro": LossSpec(dro, _RL_INPUTS, {"beta": 0.05}),
+}
+
+
+def get_loss(name: str) -> LossSpec:
+    if name not in LOSSES:
+        raise BadRequestError(f"loss_fn={name!r} is not a built-in loss; choose one of {sorted(LOSSES)}")
+    return LOSSES[name]
+
+
+def resolve_config(name: str, config: dict[str, float] | None) -> dict[str, float]:
+    """The loss's defaults overridden by ``config``; unknown keys are an error (a typo would silently do nothing)."""
+    spec = get_loss(name)
+    merged = dict(spec.config_defaults)
+    for key, value in (config or {}).items():
+        if key not in spec.config_defaults:
+            allowed = sorted(spec.config_defaults) or "none"
+            raise BadRequestError(f"loss_fn_config key {key!r} is not used by loss {name!r}; allowed keys: {allowed}")
+        merged[key] = float(value)
+    if "clip_low_threshold" in merged and not merged["clip_low_threshold"] <= merged["clip_high_threshold"]:
+        raise BadRequestError(
+            f"loss_fn_config clip_low_threshold={merged['clip_low_threshold']} must be <= "
+            f"clip_high_threshold={merged['clip_high_threshold']}"
+        )
+    return merged

@@ -1,0 +1,60 @@
+"""A Tinker-compatible API backed by a local LoRA engine.
+
+Port code written for the official SDK by replacing ``import tinker`` with
+``from tinker_cookbook import tinker``::
+
+    from tinker_cookbook import tinker
+    from tinker_cookbook.tinker import types
+
+    service_client = tinker.ServiceClient()
+    training_client = service_client.create_lora_training_client(base_model="HuggingFaceTB/SmolLM2-135M-Instruct")
+"""
+
+from tinker_cookbook.tinker import types
+from tinker_cookbook.tinker.errors import (
+    APIConnectionError,
+    APIError,
+    APITimeoutError,
+    BadRequestError,
+    ConflictError,
+    InternalServerError,
+    NotFoundError,
+    RequestFailedError,
+    TinkerError,
+    UnprocessableEntityError,
+)
+from tinker_cookbook.tinker.futures import APIFuture
+from tinker_cookbook.tinker.rest_client import RestClient
+from tinker_cookbook.tinker.sampling_client import SamplingClient
+from tinker_cookbook.tinker.service_client import ServiceClient
+from tinker_cookbook.tinker.training_client import TrainingClient
+from tinker_cookbook.tinker.types import (
+    AdamParams,
+    Checkpoint,
+    Datum,
+    EncodedTextChunk,
+    ForwardBackwardOutput,
+    ImageAssetPointerChunk,
+    ImageChunk,
+    LoraConfig,
+    ModelInput,
+    ModelInputChunk,
+    OptimStepResponse,
+    ParsedCheckpointTinkerPath,
+    SampledSequence,
+    SampleResponse,
+    SamplingParams,
+    StopReason,
+    TensorData,
+    TensorDtype,
+    TrainingRun,
+)
+
+__all__ = [
+    "APIConnectionError", "APIError", "APIFuture", "APITimeoutError", "AdamParams", "BadRequestError", "Checkpoint",
+    "ConflictError", "Datum", "EncodedTextChunk", "ForwardBackwardOutput", "ImageAssetPointerChunk", "ImageChunk",
+    "InternalServerError", "LoraConfig", "ModelInput", "ModelInputChunk", "NotFoundError", "OptimStepResponse",
+    "ParsedCheckpointTinkerPath", "RequestFailedError", "RestClient", "SampleResponse", "SampledSequence",
+    "SamplingClient", "SamplingParams", "ServiceClient", "StopReason", "TensorData", "TensorDtype", "TinkerError",
+    "TrainingClient", "TrainingRun", "UnprocessableEntityError", "types",
+]

@@ -1,0 +1,57 @@
+"""SamplingClient: samples and logprobs from fixed weights (a base model or a saved/snapshotted adapter)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tinker_cookbook.tinker import types
+from tinker_cookbook.tinker.errors import BadRequestError
+from tinker_cookbook.tinker.futures import APIFuture
+
+if TYPE_CHECKING:
+    from tinker_cookbook.engine.backend import LocalBackend, SamplerHandle
+
+
+class SamplingClient:
+    def __init__(self, backend: LocalBackend, handle: SamplerHandle) -> None:
+        self._backend = backend
+        self._handle = handle
+
+    @property
+    def model_path(self) -> str | None:
+        return self._handle.model_path
+
+    def sample(self, prompt: types.ModelInput, num_samples: int, sampling_params: types.SamplingParams,
+               include_prompt_logprobs: bool = False, topk_prompt_logprobs: int = 0) -> APIFuture[types.SampleResponse]:
+        """Sample ``num_samples`` continuations of ``prompt``; the prompt is prefilled once and shared."""
+        try:
+            future = self._backend.sample(self._handle, prompt, num_samples, sampling_params,
+                                          include_prompt_logprobs, topk_prompt_logprobs)
+        except BadRequestError as exc:
+            return APIFuture.failed(exc)
+        return APIFuture(future)
+
+    async def sample_async(self, prompt: types.ModelInput, num_samples: int, sampling_params: types.SamplingParams,
+                           include_prompt_logprobs: bool = False, topk_prompt_logprobs: int = 0) -> types.SampleResponse:
+        return await self.sample(prompt, num_samples, sampling_params, include_prompt_logprobs, topk_prompt_logprobs)
+
+    def compute_logprobs(self, prompt: types.ModelInput) -> APIFuture[list[float | None]]:
+        """Logprob of every prompt token given the ones before it; the first entry is None."""
+        params = types.SamplingParams(max_tokens=1, temperature=1.0)
+        return self.sample(prompt, 1, params, include_prompt_logprobs=True).map(
+            lambda response: list(response.prompt_logprobs or []))
+
+    async def compute_logprobs_async(self, prompt: types.ModelInput) -> list[float | None]:
+        return await self.compute_logprobs(prompt)
+
+    def get_tokenizer(self) -> Any:
+        return self._handle.tokenizer
+
+    def get_base_model(self) -> str:
+        return self._handle.base_model
+
+    async def get_base_model_async(self) -> str:
+        return self._handle.base_model
+
+    def __repr__(self) -> str:
+        return f"SamplingClient(base_model={self._handle.base_model!r}, model_path={self._handle.model_path!r})"

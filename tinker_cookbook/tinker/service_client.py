@@ -1,0 +1,107 @@
+"""ServiceClient: the entry point that creates training, sampling and rest clients."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tinker_cookbook.tinker import types
+from tinker_cookbook.tinker.errors import BadRequestError
+from tinker_cookbook.tinker.futures import APIFuture
+from tinker_cookbook.tinker.rest_client import RestClient
+from tinker_cookbook.tinker.sampling_client import SamplingClient
+from tinker_cookbook.tinker.training_client import TrainingClient
+
+if TYPE_CHECKING:
+    from tinker_cookbook.engine.backend import LocalBackend
+
+
+class ServiceClient:
+    """Connects to the local engine (shared by all clients of the process).
+
+    ``api_key`` and ``project_id`` are accepted for source compatibility and ignored. ``base_url`` must be None
+    (or "local"): this build runs everything in-process.
+    """
+
+    def __init__(self, user_metadata: dict[str, str] | None = None, project_id: str | None = None,
+                 base_url: str | None = None, api_key: str | None = None, **kwargs: Any) -> None:
+        if base_url not in (None, "local"):
+            raise BadRequestError(
+                f"base_url={base_url!r}: remote Tinker servers are not supported by this build; "
+                "omit base_url to use the local engine"
+            )
+        from tinker_cookbook.engine.backend import LocalBackend
+
+        self._backend: LocalBackend = LocalBackend.default()
+        self.user_metadata = user_metadata
+
+    def get_server_capabilities(self) -> types.GetServerCapabilitiesResponse:
+        """The models that can be loaded on this machine now."""
+        return self._backend.capabilities()
+
+    async def get_server_capabilities_async(self) -> types.GetServerCapabilitiesResponse:
+        return self.get_server_capabilities()
+
+    def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None,
+                                    train_mlp: bool = True, train_attn: bool = True, train_unembed: bool = True,
+                                    user_metadata: dict[str, str] | None = None) -> TrainingClient:
+        lora = types.LoraConfig(rank=rank, seed=seed, train_mlp=train_mlp, train_attn=train_attn,
+                                train_unembed=train_unembed)
+        run_id = self._backend.create_session(base_model, lora, user_metadata or self.user_metadata)
+        return TrainingClient(self._backend, run_id, base_model, lora)
+
+    async def create_lora_training_client_async(self, base_model: str, rank: int = 32, seed: int | None = None,
+                                                train_mlp: bool = True, train_attn: bool = True,
+                                                train_unembed: bool = True,
+                                                user_metadata: dict[str, str] | None = None) -> TrainingClient:
+        return self.create_lora_training_client(base_model, rank, seed, train_mlp, train_attn, train_unembed,
+                                                user_metadata)
+
+    def _from_state(self, path: str, with_optimizer: bool, user_metadata: dict[str, str] | None) -> TrainingClient:
+        run_id = self._backend.create_session_from_state(path, with_optimizer, user_metadata or self.user_metadata)
+        run = self._backend.store.get_run(run_id)
+        meta = self._backend.store.checkpoint_metadata(path)
+        lora = types.LoraConfig(rank=int(meta["lora_rank"]), train_attn=bool(meta["train_attn"]),
+                                train_mlp=bool(meta["train_mlp"]), train_unembed=bool(meta["train_unembed"]))
+        return TrainingClient(self._backend, run_id, run.base_model, lora)
+
+    def create_training_client_from_state(self, path: str, base_model: str | None = None,
+                                          user_metadata: dict[str, str] | None = None,
+                                          weights_access_token: str | None = None) -> TrainingClient:
+        """A new training client with the weights of a ``weights/`` checkpoint and a fresh optimizer."""
+        return self._from_state(path, False, user_metadata)
+
+    async def create_training_client_from_state_async(self, path: str, base_model: str | None = None,
+                                                      user_metadata: dict[str, str] | None = None,
+                                                      weights_access_token: str | None = None) -> TrainingClient:
+        return self._from_state(path, False, user_metadata)
+
+    def create_training_client_from_state_with_optimizer(self, path: str, base_model: str | None = None,
+                                                         user_metadata: dict[str, str] | None = None,
+                                                         weights_access_token: str | None = None) -> TrainingClient:
+        """A new training client with the weights and Adam state of a checkpoint, to resume training exactly."""
+        return self._from_state(path, True, user_metadata)
+
+    async def create_training_client_from_state_with_optimizer_async(
+        self, path: str, base_model: str | None = None, user_metadata: dict[str, str] | None = None,
+        weights_access_token: str | None = None,
+    ) -> TrainingClient:
+        return self._from_state(path, True, user_metadata)
+
+    def create_sampling_client(self, model_path: str | None = None, base_model: str | None = None,
+                               retry_config: Any = None) -> SamplingClient:
+        """Sample from a ``sampler_weights/`` checkpoint (model_path) or from a base model."""
+        if (model_path is None) == (base_model is None):
+            raise BadRequestError("create_sampling_client needs exactly one of model_path= or base_model=")
+        if model_path is not None:
+            return SamplingClient(self._backend, self._backend.handle_for_path(model_path))
+        return SamplingClient(self._backend, self._backend.handle_for_base(base_model or ""))
+
+    async def create_sampling_client_async(self, model_path: str | None = None, base_model: str | None = None,
+                                           retry_config: Any = None) -> SamplingClient:
+        return self.create_sampling_client(model_path, base_model)
+
+    def create_rest_client(self) -> RestClient:
+        return RestClient(self._backend.store)
+
+
+__all__ = ["ServiceClient", "APIFuture"]

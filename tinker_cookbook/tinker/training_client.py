@@ -1,0 +1,174 @@
+"""TrainingClient: one LoRA adapter being trained (the same methods as the official SDK).
+
+Every method has a sync form returning an ``APIFuture`` and an ``_async`` form. The async forms are two-stage:
+``fut = await tc.forward_backward_async(...)`` returns once the request is submitted (ordered after earlier ones),
+``await fut`` gives the result. Requests of one client run in submission order.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from tinker_cookbook.tinker import types
+from tinker_cookbook.tinker.futures import APIFuture
+
+if TYPE_CHECKING:
+    import torch
+
+    from tinker_cookbook.engine.backend import LocalBackend
+    from tinker_cookbook.engine.training import TrainingSession
+    from tinker_cookbook.tinker.sampling_client import SamplingClient
+
+CustomLossFn = Callable[[list[types.Datum], list["torch.Tensor"]], tuple["torch.Tensor", dict[str, float]]]
+
+
+def _check_name(name: str, field: str = "name") -> None:
+    import re
+
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in (".", ".."):
+        from tinker_cookbook.tinker.errors import BadRequestError
+
+        raise BadRequestError(f"{field}={name!r} is not a valid checkpoint name; use letters, digits, '_', '-', '.'")
+
+
+class TrainingClient:
+    def __init__(self, backend: LocalBackend, model_id: str, base_model: str, lora_config: types.LoraConfig) -> None:
+        self._backend = backend
+        self.model_id = model_id
+        self._base_model = base_model
+        self._lora = lora_config
+        self._ephemeral_count = 0
+
+    def _submit(self, fn: Callable[[TrainingSession], Any]) -> APIFuture[Any]:
+        return APIFuture(self._backend.submit_session(self.model_id, fn))
+
+    # -- training ---------------------------------------------------------------------------------------
+
+    def forward(self, data: list[types.Datum], loss_fn: types.LossFnType,
+                loss_fn_config: dict[str, float] | None = None) -> APIFuture[types.ForwardBackwardOutput]:
+        """Loss and per-token logprobs without gradients."""
+        return self._submit(lambda s: s.forward(list(data), loss_fn, loss_fn_config, backward=False))
+
+    async def forward_async(self, data: list[types.Datum], loss_fn: types.LossFnType,
+                            loss_fn_config: dict[str, float] | None = None) -> APIFuture[types.ForwardBackwardOutput]:
+        return self.forward(data, loss_fn, loss_fn_config)
+
+    def forward_backward(self, data: list[types.Datum], loss_fn: types.LossFnType,
+                         loss_fn_config: dict[str, float] | None = None) -> APIFuture[types.ForwardBackwardOutput]:
+        """Loss, logprobs, and gradients, which accumulate until ``optim_step``."""
+        return self._submit(lambda s: s.forward(list(data), loss_fn, loss_fn_config, backward=True))
+
+    async def forward_backward_async(self, data: list[types.Datum], loss_fn: types.LossFnType,
+                                     loss_fn_config: dict[str, float] | None = None
+                                     ) -> APIFuture[types.ForwardBackwardOutput]:
+        return self.forward_backward(data, loss_fn, loss_fn_config)
+
+    def forward_backward_custom(self, data: list[types.Datum], loss_fn: CustomLossFn
+                                ) -> APIFuture[types.ForwardBackwardOutput]:
+        """Gradients of an arbitrary differentiable loss of the per-datum logprob tensors."""
+        return self._submit(lambda s: s.forward_backward_custom(list(data), loss_fn))
+
+    async def forward_backward_custom_async(self, data: list[types.Datum], loss_fn: CustomLossFn
+                                            ) -> APIFuture[types.ForwardBackwardOutput]:
+        return self.forward_backward_custom(data, loss_fn)
+
+    def optim_step(self, adam_params: types.AdamParams) -> APIFuture[types.OptimStepResponse]:
+        """One AdamW step on the accumulated gradients, which are then cleared."""
+        return self._submit(lambda s: s.optim_step(adam_params))
+
+    async def optim_step_async(self, adam_params: types.AdamParams) -> APIFuture[types.OptimStepResponse]:
+        return self.optim_step(adam_params)
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+
+    def save_state(self, name: str, ttl_seconds: int | None = None,
+                   overwrite: bool = False) -> APIFuture[types.SaveWeightsResponse]:
+        """Save weights and optimizer state to ``tinker://<model_id>/weights/<name>``."""
+        _check_name(name)
+        return self._submit(lambda s: types.SaveWeightsResponse(
+            path=self._backend.save(s, "weights", name, ttl_seconds, overwrite), type="save_weights"))
+
+    async def save_state_async(self, name: str, ttl_seconds: int | None = None,
+                               overwrite: bool = False) -> APIFuture[types.SaveWeightsResponse]:
+        return self.save_state(name, ttl_seconds, overwrite)
+
+    def load_state(self, path: str, weights_access_token: str | None = None) -> APIFuture[types.LoadWeightsResponse]:
+        """Load weights from a ``weights/`` checkpoint; the optimizer starts fresh."""
+        return self._submit(lambda s: self._backend.load(s, path, with_optimizer=False))
+
+    async def load_state_async(self, path: str, weights_access_token: str | None = None
+                               ) -> APIFuture[types.LoadWeightsResponse]:
+        return self.load_state(path)
+
+    def load_state_with_optimizer(self, path: str, weights_access_token: str | None = None
+                                  ) -> APIFuture[types.LoadWeightsResponse]:
+        """Load weights and Adam state from a ``weights/`` checkpoint, to resume training exactly."""
+        return self._submit(lambda s: self._backend.load(s, path, with_optimizer=True))
+
+    async def load_state_with_optimizer_async(self, path: str, weights_access_token: str | None = None
+                                              ) -> APIFuture[types.LoadWeightsResponse]:
+        return self.load_state_with_optimizer(path)
+
+    def save_weights_for_sampler(self, name: str, ttl_seconds: int | None = None
+                                 ) -> APIFuture[types.SaveWeightsForSamplerResponse]:
+        """Save the adapter (PEFT format) to ``tinker://<model_id>/sampler_weights/<name>``."""
+        _check_name(name)
+        return self._submit(lambda s: types.SaveWeightsForSamplerResponse(
+            path=self._backend.save(s, "sampler_weights", name, ttl_seconds, overwrite=True),
+            type="save_weights_for_sampler"))
+
+    async def save_weights_for_sampler_async(self, name: str, ttl_seconds: int | None = None
+                                             ) -> APIFuture[types.SaveWeightsForSamplerResponse]:
+        return self.save_weights_for_sampler(name, ttl_seconds)
+
+    def save_weights_and_get_sampling_client(self, name: str | None = None, retry_config: Any = None
+                                             ) -> SamplingClient:
+        """A sampling client on a snapshot of the current weights (later training does not change it)."""
+        return self._snapshot_future(name).result()
+
+    async def save_weights_and_get_sampling_client_async(self, name: str | None = None, retry_config: Any = None
+                                                         ) -> SamplingClient:
+        return await self._snapshot_future(name)
+
+    def _snapshot_future(self, name: str | None) -> APIFuture[SamplingClient]:
+        from tinker_cookbook.tinker.sampling_client import SamplingClient
+
+        def snapshot(session: TrainingSession) -> SamplingClient:
+            path = None
+            if name is not None:
+                _check_name(name)
+                path = self._backend.save(session, "sampler_weights", name, None, overwrite=True)
+            return SamplingClient(self._backend, self._backend.snapshot_handle(session, path))
+
+        return self._submit(snapshot)
+
+    def create_sampling_client(self, model_path: str, retry_config: Any = None) -> SamplingClient:
+        from tinker_cookbook.tinker.sampling_client import SamplingClient
+
+        return SamplingClient(self._backend, self._backend.handle_for_path(model_path))
+
+    async def create_sampling_client_async(self, model_path: str, retry_config: Any = None) -> SamplingClient:
+        return self.create_sampling_client(model_path)
+
+    # -- info -------------------------------------------------------------------------------------------
+
+    def get_info(self) -> types.GetInfoResponse:
+        from tinker_cookbook.engine import models
+
+        spec = models.get_model_spec(self._base_model)
+        return types.GetInfoResponse(
+            type="get_info", model_id=self.model_id, is_lora=True, lora_rank=self._lora.rank,
+            model_name=self._base_model,
+            model_data=types.ModelData(arch=spec.arch, model_name=self._base_model, tokenizer_id=spec.tokenizer_name),
+        )
+
+    async def get_info_async(self) -> types.GetInfoResponse:
+        return self.get_info()
+
+    def get_tokenizer(self) -> Any:
+        from tinker_cookbook.tokenizer_utils import get_tokenizer  # cached per name
+
+        return get_tokenizer(self.get_info().model_data.tokenizer_id or self._base_model)
+
+    def __repr__(self) -> str:
+        return f"TrainingClient(model_id={self.model_id!r}, base_model={self._base_model!r}, rank={self._lora.rank})"
