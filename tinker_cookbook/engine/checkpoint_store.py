@@ -106,9 +106,15 @@ def parse_tinker_path(tinker_path: Any) -> tuple[str, CheckpointKind, str]:
     except ValueError as e:
         raise errors.BadRequestError(f"malformed checkpoint path: {e}") from None
     kind_dir, name = parsed.checkpoint_id.split("/", 1)
-    run_id = _validate_name("run_id in " + repr(tinker_path), parsed.training_run_id)
-    _validate_name("checkpoint name in " + repr(tinker_path), name)
-    return run_id, _normalize_kind(kind_dir), name
+    try:
+        _validate_name("run_id", parsed.training_run_id)
+        _validate_name("checkpoint name", name)
+    except errors.BadRequestError as e:
+        raise errors.BadRequestError(
+            f"malformed checkpoint path {tinker_path!r}: {e}; expected tinker://<run_id>/weights/<name> "
+            "or tinker://<run_id>/sampler_weights/<name>"
+        ) from None
+    return parsed.training_run_id, _normalize_kind(kind_dir), name
 
 
 def make_tinker_path(run_id: str, kind: CheckpointKind, name: str) -> str:
@@ -274,9 +280,12 @@ class CheckpointStore:
         if not self.runs_dir.is_dir():
             return []
         runs = []
+        root = self.root.resolve()
         for run_dir in self.runs_dir.iterdir():
             if run_dir.name.startswith(".") or not (run_dir / RUN_FILE).is_file():
                 continue
+            if not run_dir.resolve().is_relative_to(root):
+                continue  # a symlink out of the store: _safe_join refuses to serve it, so do not list it
             runs.append((self._created_time(run_dir), run_dir.name, self._training_run(run_dir)))
         runs.sort(key=lambda t: (t[0], t[1]), reverse=True)
         return [run for _, _, run in runs]
