@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import tarfile
 import threading
 import time
-import tarfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
