@@ -1,0 +1,337 @@
+"""``tinker-cookbook``: inspect and manage the runs and checkpoints of the local store.
+
+The store lives in ``$TINKER_COOKBOOK_HOME`` (default ``~/.tinker_cookbook``). Examples::
+
+    tinker-cookbook checkpoint list --run-id run-20261129-113201-ab12cd
+    tinker-cookbook checkpoint info tinker://run-20261129-113201-ab12cd/sampler_weights/final
+    tinker-cookbook checkpoint download tinker://run-20261129-113201-ab12cd/sampler_weights/final -o adapters
+    tinker-cookbook --format json run list --limit 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+
+from tinker_cookbook.engine.checkpoint_store import CheckpointStore, parse_tinker_path
+from tinker_cookbook.tinker import errors, types
+
+# ---------------------------------------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------------------------------------
+
+
+class Printer:
+    """Prints either rich tables (for people) or JSON (for scripts), chosen by ``--format``."""
+
+    def __init__(self, fmt: str):
+        self.fmt = fmt
+        # Outside a terminal rich would assume 80 columns and cut tinker:// paths; be generous there.
+        self.console = Console(width=None if sys.stdout.isatty() else 250, highlight=False)
+
+    def emit(self, data: Any, table: Callable[[], Any] | str) -> None:
+        """JSON of ``data``, or the rich renderable / message built by ``table``."""
+        if self.fmt == "json":
+            print(json.dumps(_jsonable(data), indent=2))
+        else:
+            self.console.print(table if isinstance(table, str) else table())
+
+
+def _jsonable(data: Any) -> Any:
+    if isinstance(data, BaseModel):
+        return data.model_dump(mode="json")
+    if isinstance(data, dict):
+        return {k: _jsonable(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_jsonable(v) for v in data]
+    return data
+
+
+def format_size(size_bytes: int | None) -> str:
+    """Decimal units, as in ``342.4 MB``."""
+    if size_bytes is None:
+        return "-"
+    size = float(size_bytes)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
+def format_relative(when: datetime | None, now: datetime | None = None, never: str = "-") -> str:
+    """``23 minutes ago`` / ``in 2 hours``."""
+    if when is None:
+        return never
+    seconds = ((now or datetime.now(UTC)) - when).total_seconds()
+    future, seconds = seconds < 0, abs(seconds)
+    for unit, length in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
+        if seconds >= length or unit == "second":
+            count = int(seconds // length)
+            text = f"{count} {unit}{'' if count == 1 else 's'}"
+            return f"in {text}" if future else f"{text} ago"
+    raise AssertionError("unreachable")
+
+
+def _properties_table(title: str, rows: list[tuple[str, str]]) -> Table:
+    table = Table(title=title)
+    table.add_column("Property", style="bold")
+    table.add_column("Value", overflow="fold")
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def _checkpoints_table(checkpoints: list[types.Checkpoint], title: str) -> Table:
+    table = Table(title=title)
+    for column in ("Checkpoint ID", "Type", "Size", "Public", "Created", "Expires", "Path"):
+        table.add_column(column, overflow="fold")
+    for c in checkpoints:
+        table.add_row(
+            c.checkpoint_id,
+            c.checkpoint_type,
+            format_size(c.size_bytes),
+            "Yes" if c.public else "No",
+            format_relative(c.time),
+            format_relative(c.expires_at, never="never"),
+            c.tinker_path,
+        )
+    return table
+
+
+# ---------------------------------------------------------------------------------------------------------
+# checkpoint commands
+# ---------------------------------------------------------------------------------------------------------
+
+
+def checkpoint_list(store: CheckpointStore, args: argparse.Namespace, out: Printer) -> None:
+    if args.run_id is not None:
+        everything = store.list_checkpoints(args.run_id).checkpoints
+        shown = everything if args.limit == 0 else everything[: args.limit]
+        cursor = types.Cursor(offset=0, limit=len(shown), total_count=len(everything))
+        response = types.CheckpointsListResponse(checkpoints=shown, cursor=cursor)
+        title = f"Checkpoints of {args.run_id}"
+    else:
+        response = store.list_user_checkpoints(limit=args.limit)
+        title = "Checkpoints"
+    total = response.cursor.total_count if response.cursor else len(response.checkpoints)
+    title += f" ({len(response.checkpoints)} of {total})"
+    out.emit(response, lambda: _checkpoints_table(response.checkpoints, title))
+
+
+def checkpoint_info(store: CheckpointStore, args: argparse.Namespace, out: Printer) -> None:
+    checkpoint = store.get_checkpoint(args.path)
+    weights = store.weights_info(args.path)
+    run_id = parse_tinker_path(args.path)[0]
+    data = {
+        **checkpoint.model_dump(mode="json"),
+        "training_run_id": run_id,
+        **weights.model_dump(mode="json"),
+    }
+    rows = [
+        ("Checkpoint ID", checkpoint.checkpoint_id),
+        ("Type", checkpoint.checkpoint_type),
+        ("Tinker Path", checkpoint.tinker_path),
+        ("Size", format_size(checkpoint.size_bytes)),
+        ("Public", "Yes" if checkpoint.public else "No"),
+        ("Created", format_relative(checkpoint.time)),
+        ("Expires", format_relative(checkpoint.expires_at, never="never")),
+        ("Training Run ID", run_id),
+        ("Base Model", weights.base_model),
+        ("LoRA Rank", str(weights.lora_rank)),
+    ]
+    out.emit(data, lambda: _properties_table(f"Checkpoint: {checkpoint.checkpoint_id}", rows))
+
+
+def checkpoint_download(store: CheckpointStore, args: argparse.Namespace, out: Printer) -> None:
+    run_id, kind, name = parse_tinker_path(args.path)
+    output_dir = Path(args.output).expanduser()
+    target = output_dir / f"{run_id}_{kind}_{name}"
+    if target.exists() and not args.force:
+        raise errors.ConflictError(f"{str(target)!r} already exists; pass --force to replace it")
+    tar_path = store.archive(args.path)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    # Extract beside the target and rename, so an interrupted download never looks complete.
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=output_dir))
+    try:
+        with tarfile.open(tar_path) as tar:
+            tar.extractall(staging, filter="data")
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    files = sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file())
+    out.emit(
+        {"tinker_path": args.path, "path": str(target), "files": files}, f"Downloaded {args.path} to {target}"
+    )
+
+
+def checkpoint_delete(store: CheckpointStore, args: argparse.Namespace, out: Printer) -> None:
+    # Check every path first so that a typo in the last one does not leave the first ones deleted.
+    checkpoints = [store.get_checkpoint(path) for path in args.paths]
+    if not args.yes:
+        listing = "\n".join(f"  {c.tinker_path}" for c in checkpoints)
+        print(f"About to delete {len(checkpoints)} checkpoint(s):\n{listing}", file=sys.stderr)
+        try:
+            answer = input("Delete? [y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            raise errors.BadRequestError(
+                "deletion not confirmed; nothing deleted (pass -y to skip the question)"
+            )
+    for c in checkpoints:
+        store.delete_checkpoint(c.tinker_path)
+    deleted = [c.tinker_path for c in checkpoints]
+    out.emit({"deleted": deleted}, "\n".join(f"Deleted {p}" for p in deleted))
+
+
+def _set_public(public: bool) -> Callable[[CheckpointStore, argparse.Namespace, Printer], None]:
+    def command(store: CheckpointStore, args: argparse.Namespace, out: Printer) -> None:
+        store.set_public(args.path, public)
+        verb = "Published" if public else "Unpublished"
+        out.emit({"tinker_path": args.path, "public": public}, f"{verb} {args.path}")
+
+    return command
+
+
+def checkpoint_set_ttl(store: CheckpointStore, args: argparse.Namespace, out: Printer) -> None:
+    if (args.ttl is None) == (not args.remove):
+        raise errors.BadRequestError("set-ttl needs exactly one of --ttl SECONDS or --remove")
+    store.set_ttl(args.path, None if args.remove else args.ttl)
+    expires = store.get_checkpoint(args.path).expires_at
+    message = f"{args.path} expires {format_relative(expires, never='never')}"
+    out.emit({"tinker_path": args.path, "expires_at": expires.isoformat() if expires else None}, message)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# run commands
+# ---------------------------------------------------------------------------------------------------------
+
+
+def run_list(store: CheckpointStore, args: argparse.Namespace, out: Printer) -> None:
+    response = store.list_runs(limit=args.limit)
+
+    def table() -> Table:
+        total = response.cursor.total_count if response.cursor else len(response.training_runs)
+        t = Table(title=f"Training runs ({len(response.training_runs)} of {total})")
+        for column in ("ID", "Model", "LoRA", "Updated", "Status"):
+            t.add_column(column, overflow="fold")
+        for run in response.training_runs:
+            lora = f"rank {run.lora_rank}" if run.is_lora else "full"
+            status = "corrupted" if run.corrupted else "ok"
+            t.add_row(
+                run.training_run_id, run.base_model, lora, format_relative(run.last_request_time), status
+            )
+        return t
+
+    out.emit(response, table)
+
+
+def run_info(store: CheckpointStore, args: argparse.Namespace, out: Printer) -> None:
+    run = store.get_run(args.run_id)
+    last, last_sampler = run.last_checkpoint, run.last_sampler_checkpoint
+    rows = [
+        ("Training Run ID", run.training_run_id),
+        ("Base Model", run.base_model),
+        ("LoRA Rank", str(run.lora_rank)),
+        ("Last Request", format_relative(run.last_request_time)),
+        ("Last Checkpoint", last.tinker_path if last else "-"),
+        ("Last Sampler Checkpoint", last_sampler.tinker_path if last_sampler else "-"),
+        ("Corrupted", "Yes" if run.corrupted else "No"),
+        ("User Metadata", json.dumps(run.user_metadata) if run.user_metadata else "-"),
+    ]
+    out.emit(run, lambda: _properties_table(f"Training run: {run.training_run_id}", rows))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Parser and entry point
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; use 0 for all")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tinker-cookbook",
+        description="Inspect and manage the training runs and checkpoints of the local store "
+        "($TINKER_COOKBOOK_HOME, default ~/.tinker_cookbook).",
+        epilog="examples:\n" + __doc__.split("::\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--format", choices=("table", "json"), default="table", help="output format")
+    groups = parser.add_subparsers(dest="group", required=True, metavar="{checkpoint,run}")
+
+    ckpt = groups.add_parser("checkpoint", help="list, inspect, download, delete and publish checkpoints")
+    ckpt_cmds = ckpt.add_subparsers(dest="command", required=True)
+    p = ckpt_cmds.add_parser("list", help="checkpoints, newest first")
+    p.add_argument("--run-id", help="only this training run's checkpoints")
+    p.add_argument("--limit", type=_non_negative, default=20, help="how many to show (0 = all)")
+    p.set_defaults(handler=checkpoint_list)
+    p = ckpt_cmds.add_parser("info", help="properties of one checkpoint")
+    p.add_argument("path", help="tinker://<run_id>/(weights|sampler_weights)/<name>")
+    p.set_defaults(handler=checkpoint_info)
+    p = ckpt_cmds.add_parser("download", help="extract a checkpoint into <run>_<type>_<name>/")
+    p.add_argument("path")
+    p.add_argument("-o", "--output", default=".", help="directory to extract into (default: current)")
+    p.add_argument("--force", action="store_true", help="replace an existing download")
+    p.set_defaults(handler=checkpoint_download)
+    p = ckpt_cmds.add_parser("delete", help="delete checkpoints")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    p.set_defaults(handler=checkpoint_delete)
+    for command, public in (("publish", True), ("unpublish", False)):
+        p = ckpt_cmds.add_parser(command, help=f"mark a checkpoint {'public' if public else 'private'}")
+        p.add_argument("path")
+        p.set_defaults(handler=_set_public(public))
+    p = ckpt_cmds.add_parser("set-ttl", help="expire a checkpoint after some seconds, or never")
+    p.add_argument("path")
+    p.add_argument("--ttl", type=int, help="seconds from now")
+    p.add_argument("--remove", action="store_true", help="keep the checkpoint until deleted")
+    p.set_defaults(handler=checkpoint_set_ttl)
+
+    run = groups.add_parser("run", help="list and inspect training runs")
+    run_cmds = run.add_subparsers(dest="command", required=True)
+    p = run_cmds.add_parser("list", help="training runs, newest first")
+    p.add_argument("--limit", type=_non_negative, default=20, help="how many to show (0 = all)")
+    p.set_defaults(handler=run_list)
+    p = run_cmds.add_parser("info", help="properties of one training run")
+    p.add_argument("run_id")
+    p.set_defaults(handler=run_info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (errors print one line to stderr and return 1)."""
+    args = build_parser().parse_args(argv)
+    try:
+        args.handler(CheckpointStore(), args, Printer(args.format))
+    except (errors.TinkerError, OSError, tarfile.TarError) as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("Interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
