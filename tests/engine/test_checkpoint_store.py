@@ -435,3 +435,15 @@ def test_killed_save_never_visible(store: CheckpointStore, run_id: str) -> None:
         store.checkpoint_dir(f"tinker://{run_id}/weights/killed")
     store.write_checkpoint(run_id, "weights", "killed", _writer({"ok": b"1"}), {})
     assert store.checkpoint_dir(f"tinker://{run_id}/weights/killed").joinpath("ok").read_bytes() == b"1"
+
+
+@pytest.mark.parametrize("content", ["{not json", "[]", '{"time": "yesterday"}', '{"metadata": {}}'])
+def test_malformed_checkpoint_json_is_invisible(store: CheckpointStore, run_id: str, content: str) -> None:
+    path = store.write_checkpoint(run_id, "weights", "m", _writer({"f": b"1"}), {}).tinker_path
+    (store.checkpoint_dir(path) / "checkpoint.json").write_text(content)
+    assert store.list_checkpoints(run_id).checkpoints == []
+    assert store.get_run(run_id).last_checkpoint is None
+    with pytest.raises(errors.NotFoundError):
+        store.checkpoint_dir(path)
+    store.write_checkpoint(run_id, "weights", "m", _writer({}), {"v": 2})  # replaceable without overwrite
+    assert store.checkpoint_metadata(path) == {"v": 2}

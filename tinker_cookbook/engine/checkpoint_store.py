@@ -145,6 +145,25 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _read_checkpoint_record(ckpt_dir: Path) -> dict[str, Any] | None:
+    """checkpoint.json if present and well-formed (parseable time and expires_at), else None."""
+    record = _read_json(ckpt_dir / CHECKPOINT_FILE)
+    if record is None:
+        return None
+    try:
+        datetime.fromisoformat(record["time"])
+        if record.get("expires_at") is not None:
+            datetime.fromisoformat(record["expires_at"])
+    except (KeyError, TypeError, ValueError):
+        return None  # hand-edited or foreign: not a checkpoint this store can serve
+    return record
+
+
+def _expired(record: dict[str, Any]) -> bool:
+    expires = record.get("expires_at")
+    return expires is not None and datetime.fromisoformat(expires) <= _now()
+
+
 def _dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
@@ -394,7 +413,8 @@ class CheckpointStore:
             if target.exists():
                 # Replace in two renames: old away, new in. Readers see the old, then briefly nothing, then
                 # the new checkpoint, never a mix of the two.
-                complete = (target / CHECKPOINT_FILE).is_file() and not self._is_expired(target)
+                record = _read_checkpoint_record(target)
+                complete = record is not None and not _expired(record)
                 if complete and not overwrite:
                     raise self._conflict(tinker_path)
                 old = staging / f"old-{uuid.uuid4().hex}"
@@ -440,20 +460,14 @@ class CheckpointStore:
     def _load_checkpoint(self, run_dir: Path, kind: CheckpointKind, name: str) -> dict[str, Any] | None:
         """The checkpoint.json of a complete, unexpired checkpoint, else None (expired ones are removed)."""
         ckpt_dir = run_dir / kind / name
-        record = _read_json(ckpt_dir / CHECKPOINT_FILE)
+        record = _read_checkpoint_record(ckpt_dir)
         if record is None:
             return None
-        expires = record.get("expires_at")
-        if expires and datetime.fromisoformat(expires) <= _now():
+        if _expired(record):
             self._remove_dir(run_dir, ckpt_dir)
             shutil.rmtree(self._archive_dir(run_dir, kind, name), ignore_errors=True)
             return None
         return record
-
-    @staticmethod
-    def _is_expired(ckpt_dir: Path) -> bool:
-        expires = (_read_json(ckpt_dir / CHECKPOINT_FILE) or {}).get("expires_at")
-        return bool(expires) and datetime.fromisoformat(expires) <= _now()
 
     def _remove_dir(self, run_dir: Path, ckpt_dir: Path) -> None:
         """Rename away first so the directory vanishes at once, then delete at leisure."""
@@ -531,10 +545,7 @@ class CheckpointStore:
                     continue
                 record = self._load_checkpoint(run_dir, kind, entry.name)
                 if record is not None:
-                    try:
-                        yield self._checkpoint_from_record(run_dir.name, kind, entry.name, record)
-                    except (KeyError, TypeError, ValueError):
-                        continue  # a hand-edited or foreign checkpoint.json: not a checkpoint we can serve
+                    yield self._checkpoint_from_record(run_dir.name, kind, entry.name, record)
 
     def _run_checkpoints(self, run_dir: Path) -> list[types.Checkpoint]:
         """All live checkpoints of a run, newest first."""
