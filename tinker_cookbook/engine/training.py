@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -56,6 +57,9 @@ class BaseModel:
         self.base_state: dict[str, torch.Tensor] = {
             k: v.detach() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")
         }
+        # peft records this as the adapter's base model (adapter_config.json); config-built models have none.
+        model.config.name_or_path = spec.name
+        model.__dict__["name_or_path"] = spec.name
         self._model = model
         self._peft_model: Any = None
 
@@ -73,7 +77,10 @@ class BaseModel:
         )
         seed = lora.seed if lora.seed is not None else random.SystemRandom().randrange(2**31)
         # peft initialises LoRA A from the global RNG: seed it locally so callers' RNG streams are untouched.
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            # With tied embeddings a LoRA on lm_head changes only the output projection, which is what
+            # train_unembed means; the sampler gives lm_head its own weight when it merges. peft warns anyway.
+            warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
             torch.manual_seed(seed)
             if self._peft_model is None:
                 self._peft_model = peft.get_peft_model(self._model, config, adapter_name=name)
@@ -92,8 +99,11 @@ class BaseModel:
         return self._peft_model.base_model.model
 
     def adapter_params(self, name: str) -> dict[str, torch.nn.Parameter]:
+        """The adapter's trainable tensors, keyed without the adapter name (so saved state loads into any name)."""
         marker = f".{name}."
-        return {k: p for k, p in self._peft_model.named_parameters() if marker in k and "lora_" in k}
+        return {
+            k.replace(marker, "."): p for k, p in self._peft_model.named_parameters() if marker in k and "lora_" in k
+        }
 
     def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
         """The adapter's weights under PEFT's saved-format keys (copies)."""
