@@ -1,0 +1,235 @@
+"""``checkpoints.jsonl``: the record of a run's saved checkpoints, and resuming from it.
+
+Each save appends one JSON object per line to ``<log_path>/checkpoints.jsonl``::
+
+    {"name": "000020", "step": 20, "epoch": 0, "batch": 20,
+     "state_path": "tinker://<run>/weights/000020", "sampler_path": "tinker://<run>/sampler_weights/000020"}
+
+The semantics, which every loop in this package follows:
+
+- A row describes the state **after** ``step`` optimizer steps have completed (``step`` counts finished steps),
+  and the loop state to continue from: for the supervised loop ``(epoch, batch)`` is the *next* batch to train.
+  The loops save only once the step's ``optim_step`` is done and before the next step's requests are queued, so
+  the saved weights and the recorded position always agree.
+- A row is appended only after its save requests have completed, so a run killed during a save never leaves a
+  row that points to a missing or half-written checkpoint; it resumes from the row before.
+- ``"final": true`` marks the checkpoint at the planned end of a run; re-running a finished run is a no-op.
+- Resuming = the last row that has ``state_path`` (``get_last_checkpoint``), loaded with
+  ``ServiceClient.create_training_client_from_state_with_optimizer`` (weights and Adam state).
+
+Extra loop-state keys are kept as given and come back unchanged from ``load_checkpoints_file``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence, TypeAlias
+
+from tinker_cookbook import tinker
+from tinker_cookbook.exceptions import CheckpointError, ConfigurationError
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTS_FILE = "checkpoints.jsonl"
+CheckpointKind: TypeAlias = Literal["state", "sampler", "both"]
+RENDERER_NAME_METADATA_KEY = "renderer_name"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reading and writing checkpoints.jsonl
+# ---------------------------------------------------------------------------------------------------------
+
+
+def checkpoints_path(log_path: str | Path) -> Path:
+    return Path(log_path) / CHECKPOINTS_FILE
+
+
+def append_checkpoint_record(log_path: str | Path, record: Mapping[str, Any]) -> None:
+    """Append one row and force it to disk, so that a row, once written, survives a crash."""
+    path = checkpoints_path(log_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(dict(record)) + "\n"
+    with open(path, "a") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def load_checkpoints_file(log_path: str | Path) -> list[dict[str, Any]]:
+    """All rows of ``checkpoints.jsonl`` (empty when there is none).
+
+    A torn last line (the process died while appending it) is skipped with a warning: its checkpoint completed,
+    but the row was never fully recorded, so the run resumes from the row before it. A bad line anywhere else is
+    an error, because it means the file was edited or corrupted.
+    """
+    path = checkpoints_path(log_path)
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    rows: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines):
+                logger.warning("%s line %d is incomplete (killed while writing); ignoring it", path, number)
+                continue
+            raise CheckpointError(f"{path} line {number} is not valid JSON ({exc}); fix or remove that line") from exc
+        if not isinstance(row, dict):
+            raise CheckpointError(f"{path} line {number} is not a JSON object: {line[:80]!r}")
+        rows.append(row)
+    return rows
+
+
+def get_last_checkpoint(log_path: str | Path, required_key: str = "state_path") -> dict[str, Any] | None:
+    """The last row that has ``required_key`` (``state_path`` to resume training, ``sampler_path`` to sample)."""
+    rows = [row for row in load_checkpoints_file(log_path) if required_key in row]
+    if not rows:
+        return None
+    return rows[-1]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Saving
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PendingCheckpoint:
+    """Save requests that have been queued on the training client but not yet recorded.
+
+    The two-stage form lets a pipelined loop queue the save right after step ``s``'s ``optim_step`` (so the saved
+    weights are exactly those after step ``s``), queue step ``s + 1`` behind it, and record the row once the save
+    has finished.
+    """
+
+    name: str
+    log_path: Path
+    loop_state: dict[str, Any]
+    futures: dict[str, tinker.APIFuture[Any]] = field(default_factory=dict)
+
+    async def finish_async(self) -> dict[str, Any]:
+        """Wait for the saves, then append the row; returns the row."""
+        paths = {key: (await fut.result_async()).path for key, fut in self.futures.items()}
+        record = {"name": self.name, **self.loop_state, **paths}
+        append_checkpoint_record(self.log_path, record)
+        logger.info("saved checkpoint %s: %s", self.name, ", ".join(f"{k}={v}" for k, v in paths.items()))
+        return record
+
+    def finish(self) -> dict[str, Any]:
+        """Blocking form of ``finish_async``."""
+        paths = {key: fut.result().path for key, fut in self.futures.items()}
+        record = {"name": self.name, **self.loop_state, **paths}
+        append_checkpoint_record(self.log_path, record)
+        logger.info("saved checkpoint %s: %s", self.name, ", ".join(f"{k}={v}" for k, v in paths.items()))
+        return record
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in ("state", "sampler", "both"):
+        raise ConfigurationError(f"checkpoint kind={kind!r} is not valid; use 'state', 'sampler' or 'both'")
+
+
+def start_checkpoint(
+    training_client: tinker.TrainingClient,
+    name: str,
+    log_path: str | Path,
+    loop_state: Mapping[str, Any],
+    kind: CheckpointKind = "both",
+    ttl_seconds: int | None = None,
+) -> PendingCheckpoint:
+    """Queue the save requests (ordered after everything already submitted on ``training_client``)."""
+    _check_kind(kind)
+    pending = PendingCheckpoint(name=name, log_path=Path(log_path), loop_state=dict(loop_state))
+    if kind in ("state", "both"):
+        pending.futures["state_path"] = training_client.save_state(name, ttl_seconds=ttl_seconds)
+    if kind in ("sampler", "both"):
+        pending.futures["sampler_path"] = training_client.save_weights_for_sampler(name, ttl_seconds=ttl_seconds)
+    return pending
+
+
+async def save_checkpoint_async(
+    training_client: tinker.TrainingClient,
+    name: str,
+    log_path: str | Path,
+    loop_state: Mapping[str, Any],
+    kind: CheckpointKind = "both",
+    ttl_seconds: int | None = None,
+) -> dict[str, Any]:
+    """Save and record a checkpoint; returns the row written to ``checkpoints.jsonl``."""
+    return await start_checkpoint(training_client, name, log_path, loop_state, kind, ttl_seconds).finish_async()
+
+
+def save_checkpoint(
+    training_client: tinker.TrainingClient,
+    name: str,
+    log_path: str | Path,
+    loop_state: Mapping[str, Any],
+    kind: CheckpointKind = "both",
+    ttl_seconds: int | None = None,
+) -> dict[str, Any]:
+    """Blocking form of ``save_checkpoint_async``."""
+    return start_checkpoint(training_client, name, log_path, loop_state, kind, ttl_seconds).finish()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Resuming
+# ---------------------------------------------------------------------------------------------------------
+
+
+def check_config_compatible(
+    log_path: str | Path, new_config: Mapping[str, Any], keys: Sequence[str]
+) -> None:
+    """Refuse to resume a run whose ``config.json`` differs from ``new_config`` in any of ``keys``.
+
+    ``new_config`` is the dumped config (``ml_log.dump_config``). Keys absent from the old config are not compared
+    (older runs may predate a field). Raises ``ConfigurationError`` listing each differing key.
+    """
+    path = Path(log_path) / "config.json"
+    if not path.exists():
+        return
+    try:
+        old = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigurationError(f"{path} is not valid JSON ({exc}); delete the log dir or fix the file") from exc
+    diffs = [
+        f"{key}: {old[key]!r} (in the log dir) != {new_config.get(key)!r} (now)"
+        for key in keys
+        if key in old and old[key] != new_config.get(key)
+    ]
+    if diffs:
+        raise ConfigurationError(
+            f"log_path={str(log_path)!r} holds another run, so it cannot be resumed with this config:\n  "
+            + "\n  ".join(diffs)
+            + "\nUse another log_path, or behavior_if_log_dir_exists=delete to replace that run"
+        )
+
+
+def renderer_user_metadata(renderer_name: str | None) -> dict[str, str]:
+    """``user_metadata`` for a training client that remembers which renderer its data was rendered with."""
+    return {} if renderer_name is None else {RENDERER_NAME_METADATA_KEY: renderer_name}
+
+
+def get_renderer_name_from_checkpoint(service_client: tinker.ServiceClient, tinker_path: str) -> str | None:
+    """The renderer name stored in the metadata of the run that wrote ``tinker_path`` (None if not stored)."""
+    rest_client = service_client.create_rest_client()
+    run = rest_client.get_training_run_by_tinker_path(tinker_path).result()
+    return (run.user_metadata or {}).get(RENDERER_NAME_METADATA_KEY)
+
+
+def check_renderer_name_for_checkpoint(
+    service_client: tinker.ServiceClient, tinker_path: str, renderer_name: str | None
+) -> None:
+    """Raise when a checkpoint was trained with a different renderer than the one now configured."""
+    stored = get_renderer_name_from_checkpoint(service_client, tinker_path)
+    if stored is not None and renderer_name is not None and stored != renderer_name:
+        raise ConfigurationError(
+            f"renderer_name={renderer_name!r} differs from the renderer {stored!r} the checkpoint {tinker_path} "
+            f"was trained with; pass renderer_name={stored} (or start from another checkpoint)"
+        )
