@@ -1,0 +1,96 @@
+"""Metrics of rolled-out trajectory groups, and an evaluator that rolls out a test set.
+
+``compute_trajectory_metrics`` reports ``env/all/<key>`` and, for each logging tag that selects only part of the
+batch, ``env/<tag>/<key>``. Keys: ``reward/total`` (mean total reward per episode), ``ac_tokens_per_turn``,
+``ob_tokens_per_turn``, ``turns_per_episode``, ``total_episodes``, ``total_turns``, ``total_ac_tokens``,
+``total_ob_tokens``, ``by_group/frac_mixed`` / ``frac_all_good`` / ``frac_all_bad`` (a reward above 0.5 is good), and
+the mean of every per-step and per-group metric the envs report (``correct``, ``format``, ...).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Sequence
+
+from tinker_cookbook import tinker
+from tinker_cookbook.completers import TinkerTokenCompleter
+from tinker_cookbook.rl.rollouts import do_batch_rollouts
+from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, TrajectoryGroup
+from tinker_cookbook.utils.misc_utils import dict_mean
+
+GOOD_REWARD_THRESHOLD = 0.5
+
+
+def _group_stats(groups_P: Sequence[TrajectoryGroup]) -> dict[str, float]:
+    episodes = [t for g in groups_P for t in g.trajectories_G]
+    turns = [tr for t in episodes for tr in t.transitions]
+    ac_tokens = sum(len(tr.ac.tokens) for tr in turns)
+    ob_tokens = sum(tr.ob.length for tr in turns)
+    rewards = [r for g in groups_P for r in g.get_total_rewards()]
+    mixed = good = bad = 0
+    for g in groups_P:
+        goods = [r > GOOD_REWARD_THRESHOLD for r in g.get_total_rewards()]
+        good += all(goods)
+        bad += not any(goods)
+        mixed += any(goods) and not all(goods)
+    n_turns = max(len(turns), 1)
+    return {
+        "reward/total": sum(rewards) / max(len(rewards), 1),
+        "ac_tokens_per_turn": ac_tokens / n_turns,
+        "ob_tokens_per_turn": ob_tokens / n_turns,
+        "turns_per_episode": len(turns) / max(len(episodes), 1),
+        "total_episodes": float(len(episodes)),
+        "total_turns": float(len(turns)),
+        "total_ac_tokens": float(ac_tokens),
+        "total_ob_tokens": float(ob_tokens),
+        "by_group/frac_mixed": mixed / max(len(groups_P), 1),
+        "by_group/frac_all_good": good / max(len(groups_P), 1),
+        "by_group/frac_all_bad": bad / max(len(groups_P), 1),
+    }
+
+
+def _env_metric_means(groups_P: Sequence[TrajectoryGroup]) -> dict[str, float]:
+    """Mean of each env-reported metric: step metrics averaged over turns, group metrics over episodes."""
+    step_metrics = [tr.metrics for g in groups_P for t in g.trajectories_G for tr in t.transitions]
+    group_metrics = [m for g in groups_P for m in g.metrics_G]
+    return {**dict_mean(step_metrics), **dict_mean(group_metrics)}
+
+
+def compute_trajectory_metrics(
+    groups_P: Sequence[TrajectoryGroup], tags_P: Sequence[Sequence[str]]
+) -> dict[str, float]:
+    """``env/all/...`` over all groups and ``env/<tag>/...`` for each tag that selects a strict subset."""
+    if len(groups_P) != len(tags_P):
+        raise ValueError(f"got {len(groups_P)} groups but {len(tags_P)} tag lists")
+    by_tag: dict[str, list[TrajectoryGroup]] = defaultdict(list)
+    for group, tags in zip(groups_P, tags_P, strict=True):
+        for tag in tags:
+            by_tag[tag].append(group)
+    selections = {"all": list(groups_P)}
+    selections.update({tag: gs for tag, gs in by_tag.items() if len(gs) < len(groups_P)})
+    metrics: dict[str, float] = {}
+    for name, groups in selections.items():
+        if not groups:
+            continue
+        stats = {**_group_stats(groups), **_env_metric_means(groups)}
+        metrics.update({f"env/{name}/{k}": v for k, v in stats.items()})
+    return metrics
+
+
+class RLTestSetEvaluator:
+    """Rolls out every batch of a test ``RLDataset`` with a sampling client; metrics are ``<name>/env/all/...``.
+
+    A ``SamplingClientEvaluator``: ``await evaluator(sampling_client) -> dict[str, float]``.
+    """
+
+    def __init__(self, dataset: RLDataset, max_tokens: int, name: str = "test", temperature: float = 1.0) -> None:
+        self.builders: list[EnvGroupBuilder] = [b for i in range(len(dataset)) for b in dataset.get_batch(i)]
+        self.max_tokens = max_tokens
+        self.name = name
+        self.temperature = temperature
+
+    async def __call__(self, sampling_client: tinker.SamplingClient) -> dict[str, float]:
+        policy = TinkerTokenCompleter(sampling_client, self.max_tokens, temperature=self.temperature)
+        rollout = await do_batch_rollouts(self.builders, policy)
+        metrics = compute_trajectory_metrics(rollout.groups_P, [b.logging_tags() for b in rollout.builders_P])
+        return {f"{self.name}/{k}": v for k, v in metrics.items()}

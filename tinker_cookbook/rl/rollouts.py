@@ -1,0 +1,118 @@
+"""Rolling out policies in envs.
+
+Every env of a group, and every group of a batch, runs as its own asyncio task: their ``sample_async`` requests
+are in flight at the same time, so the engine's sampler batches them into shared forward passes.
+
+Failures: an env whose ``step`` (or ``initial_observation``) raises, a non-finite reward, or a malformed stop
+condition fails its whole group. ``do_batch_rollouts`` either re-raises the first such error (the default) or,
+with ``skip_failed_groups=True``, logs it, drops the group and reports the count; a batch in which every group
+failed raises ``AllTrajectoriesFailedError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Sequence
+
+from tinker_cookbook.completers import StopCondition, TokenCompleter
+from tinker_cookbook.exceptions import AllTrajectoriesFailedError
+from tinker_cookbook.rl.types import (
+    Env,
+    EnvGroupBuilder,
+    Trajectory,
+    TrajectoryGroup,
+    Transition,
+    check_finite_reward,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def check_stop_condition(stop: StopCondition, env: Env) -> StopCondition:
+    """``stop`` as a list, or a ValueError naming the env when it is not a list of strings or of token ids."""
+    where = f"{type(env).__name__} stop condition"
+    if not isinstance(stop, (list, tuple)):
+        raise ValueError(f"{where} is {stop!r}; return a list of stop strings or a list of token ids")
+    stop = list(stop)
+    if all(isinstance(s, str) for s in stop):
+        if any(s == "" for s in stop):
+            raise ValueError(f"{where} {stop!r} holds an empty string, which would stop at once; remove it")
+        return stop
+    if all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in stop):
+        return stop
+    raise ValueError(f"{where} {stop!r} mixes types or holds negative ids; use only strings or only token ids >= 0")
+
+
+async def do_single_rollout(policy: TokenCompleter, env: Env) -> Trajectory:
+    """Run one episode: sample an action for each observation until the env says the episode is done."""
+    transitions: list[Transition] = []
+    ob, stop = await env.initial_observation()
+    stop = check_stop_condition(stop, env)
+    while True:
+        action = await policy(ob, stop)
+        result = await env.step(action.tokens)
+        reward = check_finite_reward(result.reward, f"{type(env).__name__}.step")
+        transitions.append(Transition(ob=ob, ac=action, reward=reward, episode_done=result.episode_done,
+                                      metrics=dict(result.metrics), logs=dict(result.logs)))
+        if result.episode_done:
+            return Trajectory(transitions=transitions, final_ob=result.next_observation)
+        ob, stop = result.next_observation, check_stop_condition(result.next_stop_condition, env)
+
+
+async def do_group_rollout(builder: EnvGroupBuilder, policy: TokenCompleter) -> TrajectoryGroup:
+    """Roll out every env of the group concurrently and add the group rewards."""
+    envs_G = await builder.make_envs()
+    if not envs_G:
+        raise ValueError(f"{type(builder).__name__}.make_envs returned no envs; a group needs at least one")
+    results = await asyncio.gather(*(do_single_rollout(policy, env) for env in envs_G), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    trajectories_G: list[Trajectory] = list(results)  # type: ignore[arg-type]  # no exceptions left (checked above)
+    group_rewards = await builder.compute_group_rewards(trajectories_G, envs_G)
+    if len(group_rewards) != len(trajectories_G):
+        raise ValueError(f"{type(builder).__name__}.compute_group_rewards returned {len(group_rewards)} rewards "
+                         f"for {len(trajectories_G)} trajectories; return one (reward, metrics) per trajectory")
+    where = f"{type(builder).__name__}.compute_group_rewards"
+    return TrajectoryGroup(
+        trajectories_G=trajectories_G,
+        final_rewards_G=[check_finite_reward(r, where) for r, _ in group_rewards],
+        metrics_G=[dict(m) for _, m in group_rewards],
+    )
+
+
+@dataclass
+class BatchRollout:
+    """The groups of a batch that rolled out, with their builders, and the failures that were skipped."""
+
+    groups_P: list[TrajectoryGroup]
+    builders_P: list[EnvGroupBuilder]
+    num_failed_groups: int
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return {"rollout/failed_groups": float(self.num_failed_groups)}
+
+
+async def do_batch_rollouts(
+    builders: Sequence[EnvGroupBuilder], policy: TokenCompleter, skip_failed_groups: bool = False
+) -> BatchRollout:
+    """Roll out all groups concurrently; failed groups raise, or are logged and skipped with ``skip_failed_groups``."""
+    results = await asyncio.gather(*(do_group_rollout(b, policy) for b in builders), return_exceptions=True)
+    groups, kept_builders, failures = [], [], 0
+    for builder, result in zip(builders, results, strict=True):
+        if isinstance(result, BaseException):
+            if not skip_failed_groups or not isinstance(result, Exception):
+                raise result
+            failures += 1
+            logger.warning("skipping a group of %s (tags %s): %s: %s", type(builder).__name__,
+                           builder.logging_tags(), type(result).__name__, result)
+            continue
+        groups.append(result)
+        kept_builders.append(builder)
+    if builders and not groups:
+        raise AllTrajectoriesFailedError(
+            f"all {len(builders)} groups of the batch failed (see the warnings above); fix the env or its data")
+    return BatchRollout(groups, kept_builders, failures)
