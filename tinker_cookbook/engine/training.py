@@ -5,8 +5,9 @@ training client is a ``TrainingSession``: a named peft adapter on that base, its
 gradients. Sessions never see each other's parameters: the engine runs one request at a time and activates the
 request's adapter first.
 
-Memory: a sequence's logprobs are computed from the final hidden states in token chunks under activation
-checkpointing, so full-vocabulary fp32 logits (and their gradients) never exist for more than one chunk at once.
+Memory: a sequence's logprobs are computed from the final hidden states in token chunks, each chunk's loss
+backpropagated to the hidden states before the next chunk's logits exist, so full-vocabulary fp32 logits (and
+their gradients) never exist for more than one chunk at once.
 Sequences are processed one at a time with no padding, which also means no compute is spent on pad tokens.
 """
 
@@ -22,7 +23,6 @@ from typing import Any, Callable
 
 import safetensors.torch
 import torch
-from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 from tinker_cookbook.engine import losses
@@ -208,19 +208,41 @@ class TrainingSession:
 
     # -- forward passes ---------------------------------------------------------------------------------
 
-    def _logprobs(self, model: Any, input_ids: torch.Tensor, targets: torch.Tensor, grad: bool) -> torch.Tensor:
-        """Per-token logprobs of ``targets`` given ``input_ids`` (both shape (N,))."""
-        hidden = model.model(input_ids=input_ids[None], use_cache=False).last_hidden_state[0]
+    def _logprobs(self, model: Any, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Per-token logprobs of ``targets`` given ``input_ids`` (both shape (N,)), without gradients."""
+        with torch.no_grad():
+            hidden = model.model(input_ids=input_ids[None], use_cache=False).last_hidden_state[0]
+            head = model.get_output_embeddings()
+            return torch.cat([
+                _chunk_logprobs(head, hidden[s : s + LOGPROB_CHUNK_TOKENS], targets[s : s + LOGPROB_CHUNK_TOKENS])
+                for s in range(0, hidden.shape[0], LOGPROB_CHUNK_TOKENS)
+            ])
+
+    def _backward_per_token_loss(self, model: Any, item: DatumTensors,
+                                 token_loss: Callable[[torch.Tensor, slice], torch.Tensor]) -> tuple[torch.Tensor, float]:
+        """Backpropagate a loss that is a sum of per-token terms; returns (logprobs, loss).
+
+        The decoder runs once with a graph. The head then runs chunk by chunk on a detached copy of the hidden
+        states: each chunk's logits live only while that chunk's loss is backpropagated, collecting the gradient
+        w.r.t. the hidden states, which finally flows through the decoder in one backward. Exact because every
+        built-in loss is a sum over tokens; no logits are recomputed.
+        """
+        hidden = model.model(input_ids=item.input_ids[None], use_cache=False).last_hidden_state[0]
+        hidden_leaf = hidden.detach().requires_grad_(hidden.requires_grad)
         head = model.get_output_embeddings()
-        pieces = []
+        targets = item.inputs["target_tokens"]
+        pieces, total = [], 0.0
         for start in range(0, hidden.shape[0], LOGPROB_CHUNK_TOKENS):
-            h = hidden[start : start + LOGPROB_CHUNK_TOKENS]
-            t = targets[start : start + LOGPROB_CHUNK_TOKENS]
-            if grad:
-                pieces.append(checkpoint(_chunk_logprobs, head, h, t, use_reentrant=False))
-            else:
-                pieces.append(_chunk_logprobs(head, h, t))
-        return torch.cat(pieces)
+            span = slice(start, start + LOGPROB_CHUNK_TOKENS)
+            logp = _chunk_logprobs(head, hidden_leaf[span], targets[span])
+            loss = token_loss(logp, span)
+            if loss.requires_grad:
+                loss.backward()
+            total += float(loss.detach())
+            pieces.append(logp.detach())
+        if hidden_leaf.grad is not None:
+            hidden.backward(hidden_leaf.grad)
+        return torch.cat(pieces), total
 
     def forward(
         self, data: list[types.Datum], loss_fn: str, loss_fn_config: dict[str, float] | None, backward: bool
@@ -234,13 +256,16 @@ class TrainingSession:
         total = 0.0
         try:
             for item in batch:
-                with torch.set_grad_enabled(backward):
-                    logp = self._logprobs(model, item.input_ids, item.inputs["target_tokens"], grad=backward)
-                    loss = spec.fn(logp, item.inputs, config)
-                    if backward:
-                        loss.backward()
-                total += float(loss.detach())
-                outputs.append({"logprobs": types.TensorData.from_torch(logp.detach().float())})
+                if backward:
+                    def token_loss(logp: torch.Tensor, span: slice, item: DatumTensors = item) -> torch.Tensor:
+                        return spec.fn(logp, {k: v[span] for k, v in item.inputs.items()}, config)
+
+                    logp, loss = self._backward_per_token_loss(model, item, token_loss)
+                else:
+                    logp = self._logprobs(model, item.input_ids, item.inputs["target_tokens"])
+                    loss = float(spec.fn(logp, item.inputs, config))
+                total += loss
+                outputs.append({"logprobs": types.TensorData.from_torch(logp.float())})
         except BaseException:
             if saved_grads is not None:
                 self._restore_grads(saved_grads)
@@ -260,8 +285,7 @@ class TrainingSession:
         """
         batch = self._validate(data, ("target_tokens",))
         model = self.base.activate(self.run_id)
-        with torch.no_grad():
-            logps = [self._logprobs(model, b.input_ids, b.inputs["target_tokens"], grad=False) for b in batch]
+        logps = [self._logprobs(model, b.input_ids, b.inputs["target_tokens"]) for b in batch]
         leaves = [lp.clone().requires_grad_(True) for lp in logps]
         loss, metrics = loss_fn(data, leaves)
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
@@ -272,8 +296,8 @@ class TrainingSession:
             for item, coeff in zip(batch, coeffs):
                 if coeff is None:
                     continue
-                logp = self._logprobs(model, item.input_ids, item.inputs["target_tokens"], grad=True)
-                (logp * coeff.detach()).sum().backward()
+                g = coeff.detach()
+                self._backward_per_token_loss(model, item, lambda logp, span, g=g: (logp * g[span]).sum())
         except BaseException:
             self._restore_grads(saved_grads)
             raise

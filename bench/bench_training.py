@@ -1,0 +1,170 @@
+"""Training throughput and peak memory: the engine vs a plain transformers+peft loop, in one run.
+
+    python bench/bench_training.py                      # SmolLM2-135M-Instruct, LoRA r32, 8 seqs of 64-512 tokens
+    python bench/bench_training.py --steps 5 --model tinker-cookbook/tiny-smollm2
+
+Each side runs in its own subprocess (so peak RSS is its own) on the same data: a batch of 8 sequences with
+lengths drawn uniformly from 64-512, LoRA rank 32 on all linear layers incl. the unembedding, AdamW. The baseline
+is what a user would write by hand: pad the batch, ``model(input_ids, attention_mask, labels=...)``, backward,
+``torch.optim.AdamW``. Reported: tokens/s over real (non-pad) tokens, peak RSS, the ratios engine/baseline, achieved
+GFLOP/s at 4·N FLOPs per token (forward 2N + backward through activations 2N; LoRA skips base weight gradients)
+next to this machine's measured fp32 matmul peak. Not a test: machines are noisy, so compare within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+FAST_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "68719476736",
+               "MALLOC_TOP_PAD_": "1073741824"}
+
+
+def make_batch(seed: int, n: int = 8, lo: int = 64, hi: int = 512, vocab: int = 49152) -> list[list[int]]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [rng.integers(10, vocab, size=int(rng.integers(lo, hi + 1))).tolist() for _ in range(n)]
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # Linux reports KiB
+
+
+def run_engine(model: str, steps: int) -> dict[str, float]:
+    from tinker_cookbook import tinker
+    from tinker_cookbook.tinker import types
+
+    tc = tinker.ServiceClient().create_lora_training_client(base_model=model, rank=32, seed=0)
+    loaded_rss = peak_rss_gb()
+
+    def data_for(seqs: list[list[int]]) -> list[types.Datum]:
+        return [types.Datum(model_input=types.ModelInput.from_ints(s[:-1]),
+                            loss_fn_inputs=dict(target_tokens=s[1:], weights=[1.0 / (len(s) - 1)] * (len(s) - 1)))
+                for s in seqs]
+
+    def step(seed: int) -> int:
+        seqs = make_batch(seed)
+        fb = tc.forward_backward(data_for(seqs), "cross_entropy")
+        opt = tc.optim_step(types.AdamParams(learning_rate=1e-4))
+        fb.result(), opt.result()
+        return sum(len(s) - 1 for s in seqs)
+
+    step(0)  # warm-up
+    start, tokens = time.perf_counter(), 0
+    for i in range(steps):
+        tokens += step(i + 1)
+    elapsed = time.perf_counter() - start
+    return {"tokens_per_s": tokens / elapsed, "peak_rss_gb": peak_rss_gb(), "loaded_rss_gb": loaded_rss}
+
+
+def run_baseline(model_name: str, steps: int) -> dict[str, float]:
+    import peft
+    import torch
+
+    from tinker_cookbook.engine.models import load_model
+
+    model = load_model(model_name, torch.float32)
+    model.train()
+    config = peft.LoraConfig(r=32, lora_alpha=32, lora_dropout=0.0, target_modules=[
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"])
+    model = peft.get_peft_model(model, config)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, betas=(0.9, 0.95))
+    loaded_rss = peak_rss_gb()
+
+    def step(seed: int) -> int:
+        seqs = make_batch(seed)
+        width = max(len(s) for s in seqs)
+        ids = torch.zeros(len(seqs), width, dtype=torch.long)
+        mask = torch.zeros(len(seqs), width, dtype=torch.long)
+        for row, s in enumerate(seqs):
+            ids[row, : len(s)] = torch.tensor(s)
+            mask[row, : len(s)] = 1
+        labels = ids.masked_fill(mask == 0, -100)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return sum(len(s) - 1 for s in seqs)
+
+    step(0)
+    start, tokens = time.perf_counter(), 0
+    for i in range(steps):
+        tokens += step(i + 1)
+    elapsed = time.perf_counter() - start
+    return {"tokens_per_s": tokens / elapsed, "peak_rss_gb": peak_rss_gb(), "loaded_rss_gb": loaded_rss}
+
+
+def matmul_peak_gflops() -> float:
+    import torch
+
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    for _ in range(3):
+        a @ b
+    start, reps = time.perf_counter(), 10
+    for _ in range(reps):
+        a @ b
+    return 2 * 2048**3 * reps / (time.perf_counter() - start) / 1e9
+
+
+def param_count(model: str) -> int:
+    from tinker_cookbook.engine.models import load_model_config
+
+    import torch
+
+    from transformers import AutoModelForCausalLM
+
+    config = load_model_config(model)
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in m.parameters())
+
+
+def child(side: str, model: str, steps: int) -> None:
+    result = run_engine(model, steps) if side == "engine" else run_baseline(model, steps)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--child", choices=["engine", "baseline"])
+    parser.add_argument("--no-fast-malloc", action="store_true", help="run both sides with glibc's default malloc")
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.model, args.steps)
+        return
+    env = {**os.environ, "TINKER_COOKBOOK_NO_REEXEC": "1"}
+    env.update({} if args.no_fast_malloc else FAST_MALLOC)
+    malloc = "glibc defaults" if args.no_fast_malloc else "fast malloc env (" + ", ".join(f"{k}={v}" for k, v in FAST_MALLOC.items()) + ")"
+    print(f"model {args.model}, LoRA r32 all linear + unembed, 8 seqs x 64-512 tokens, {args.steps} timed steps")
+    print(f"malloc: {malloc}; torch threads: {os.cpu_count()} cores")
+    results = {}
+    for side in ("baseline", "engine"):
+        out = subprocess.run([sys.executable, __file__, "--child", side, "--model", args.model, "--steps",
+                              str(args.steps)], env=env, capture_output=True, text=True)
+        line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+        if out.returncode != 0 or not line:
+            sys.exit(f"{side} failed:\n{out.stderr[-3000:]}")
+        results[side] = json.loads(line[0][len("RESULT "):])
+        r = results[side]
+        print(f"{side:>9}: {r['tokens_per_s']:8.1f} tok/s   peak RSS {r['peak_rss_gb']:.2f} GB "
+              f"(after load {r['loaded_rss_gb']:.2f} GB)")
+    e, b = results["engine"], results["baseline"]
+    n = param_count(args.model)
+    peak = matmul_peak_gflops()
+    print(f"ratio engine/baseline: throughput {e['tokens_per_s'] / b['tokens_per_s']:.2f}x (target >= 1.0), "
+          f"peak memory {e['peak_rss_gb'] / b['peak_rss_gb']:.2f}x (target <= 0.6)")
+    print(f"achieved: engine {4 * n * e['tokens_per_s'] / 1e9:.1f} GFLOP/s, baseline "
+          f"{4 * n * b['tokens_per_s'] / 1e9:.1f} GFLOP/s (4*N, N={n / 1e6:.1f}M); fp32 matmul peak {peak:.0f} GFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
