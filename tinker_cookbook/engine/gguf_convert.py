@@ -36,7 +36,7 @@ def is_complete(directory: Path) -> bool:
 
 @contextmanager
 def _file_lock(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``lock_path`` across processes (POSIX ``flock``); a no-op where unsupported."""
+    """Hold an exclusive cross-process lock on ``lock_path`` (POSIX ``flock``); a no-op where unsupported."""
     try:
         import fcntl
     except ImportError:  # Windows: the rename-wins rule in build_atomically still keeps the cache whole.
@@ -91,7 +91,7 @@ def build_atomically(final_dir: Path, write: Callable[[Path], None]) -> Path:
 
 
 def _rename_into_place(temp_dir: Path, final_dir: Path) -> None:
-    """Rename ``temp_dir`` to ``final_dir``; if another writer got there first with a complete copy, keep theirs."""
+    """Rename ``temp_dir`` to ``final_dir``; if another writer already put a complete copy there, keep it."""
     try:
         os.rename(temp_dir, final_dir)
     except OSError:
@@ -100,7 +100,7 @@ def _rename_into_place(temp_dir: Path, final_dir: Path) -> None:
 
 
 def convert_gguf_model(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantize the GGUF model at ``gguf_path`` and save it (fp32 safetensors + tokenizer) into ``out_dir``."""
+    """Dequantize the GGUF model at ``gguf_path``; save it (fp32 safetensors + tokenizer) into ``out_dir``."""
     import torch
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -128,7 +128,7 @@ def convert_gguf_model(gguf_path: Path, out_dir: Path) -> None:
 
 
 def _drop_gguf_quantizer(model: object) -> None:
-    """Forget the GGUF quantizer: the weights are already plain floats, but save_pretrained refuses otherwise."""
+    """Forget the GGUF quantizer: the weights are plain floats already, but save_pretrained refuses it."""
     model.hf_quantizer = None  # type: ignore[attr-defined]  # set by transformers on GGUF loads
     config = model.config  # type: ignore[attr-defined]
     if hasattr(config, "quantization_config"):

