@@ -1,0 +1,676 @@
+"""Message types, the ``Renderer`` interface, and the token assembly that every renderer shares.
+
+A renderer turns a conversation (a list of ``Message``) into model tokens and back:
+
+- ``build_generation_prompt(messages)`` -> ``types.ModelInput`` to sample the next message from;
+- ``build_supervised_example(messages)`` -> ``(ModelInput, weights)`` with ``weights`` a 1-D ``torch.float32``
+  tensor of one weight per model-input token (image chunks count ``expected_tokens`` tokens, always weight 0);
+- ``parse_response(tokens)`` -> ``(Message, ParseTermination)``; the termination is truthy exactly when the
+  parse is clean, so ``message, ok = renderer.parse_response(tokens)`` reads naturally.
+
+Each message is rendered separately into a header (role framing) and an output (content and its terminator),
+each tokenized on its own. That makes a prompt a token-for-token prefix of the longer conversations that
+continue it, which supervised weights, the extension property and KV-cache reuse all rely on. Renderers
+put the separator between messages at the start of the next header (``"\\n<|im_start|>user\\n"``) so that a
+message's output ends exactly at its stop token.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypeAlias, TypedDict
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from tinker_cookbook.exceptions import RendererError
+from tinker_cookbook.tinker import types
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+    from tinker_cookbook.tokenizer_utils import Tokenizer
+
+# ---------------------------------------------------------------------------------------------------------
+# Messages
+# ---------------------------------------------------------------------------------------------------------
+
+Role: TypeAlias = str
+"""``"system"``, ``"user"``, ``"assistant"`` or ``"tool"``."""
+
+KNOWN_ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+
+
+class TextPart(TypedDict):
+    type: Literal["text"]
+    text: str
+
+
+class ThinkingPart(TypedDict):
+    type: Literal["thinking"]
+    thinking: str
+
+
+class ImagePart(TypedDict):
+    type: Literal["image"]
+    image: str | bytes | Image.Image
+    """An http(s) URL, a ``data:`` URI, a file path, encoded PNG/JPEG bytes, or a PIL image."""
+
+
+ContentPart: TypeAlias = TextPart | ThinkingPart | ImagePart
+Content: TypeAlias = str | list[ContentPart]
+
+
+class FunctionBody(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    arguments: str
+    """The arguments as a JSON object string, as in the OpenAI API."""
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    function: FunctionBody
+    id: str | None = None
+    type: Literal["function"] = "function"
+
+
+class UnparsedToolCall(BaseModel):
+    """A tool call the model attempted but that could not be parsed; ``raw_text`` is what it wrote."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    raw_text: str
+    error: str
+
+
+class ToolSpec(TypedDict):
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    """A JSON schema of the arguments object."""
+
+
+class Message(TypedDict):
+    role: Role
+    content: Content
+    tool_calls: NotRequired[list[ToolCall]]
+    unparsed_tool_calls: NotRequired[list[UnparsedToolCall]]
+    trainable: NotRequired[bool]
+    """Whether this message is trained on; read only with ``TrainOnWhat.CUSTOMIZED``."""
+    tool_call_id: NotRequired[str]
+    name: NotRequired[str]
+
+
+class TrainOnWhat(StrEnum):
+    """Which tokens of a conversation ``build_supervised_example`` gives weight 1 (all others get 0)."""
+
+    LAST_ASSISTANT_MESSAGE = "last_assistant_message"
+    LAST_ASSISTANT_TURN = "last_assistant_turn"
+    """Every assistant message after the last user message (tool calls and the final answer)."""
+    ALL_ASSISTANT_MESSAGES = "all_assistant_messages"
+    ALL_MESSAGES = "all_messages"
+    """The content of every message, not the role headers."""
+    ALL_TOKENS = "all_tokens"
+    """Everything, role headers included."""
+    ALL_USER_AND_SYSTEM_MESSAGES = "all_user_and_system_messages"
+    CUSTOMIZED = "customized"
+    """Each message's ``trainable`` field decides."""
+
+
+class ParseTermination(StrEnum):
+    """How a sampled response ended. Truthy exactly for a clean parse (``STOP_SEQUENCE`` or ``EOS``)."""
+
+    STOP_SEQUENCE = "stop_sequence"
+    """The renderer's stop sequence ended the message: the normal case."""
+    EOS = "eos"
+    """The model emitted its end-of-sequence token without the stop sequence (normal for base models)."""
+    MALFORMED = "malformed"
+    """No terminator: the response was cut off (``max_tokens``) or is otherwise not a complete message."""
+
+    @property
+    def is_clean(self) -> bool:
+        return self is not ParseTermination.MALFORMED
+
+    @property
+    def is_stop_sequence(self) -> bool:
+        return self is ParseTermination.STOP_SEQUENCE
+
+    def __bool__(self) -> bool:
+        return self.is_clean
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Content helpers
+# ---------------------------------------------------------------------------------------------------------
+
+
+def ensure_list(content: Content) -> list[ContentPart]:
+    """Content as a list of parts (a string becomes one ``TextPart``)."""
+    if isinstance(content, str):
+        return [TextPart(type="text", text=content)] if content else []
+    return list(content)
+
+
+def get_text_content(message: Message) -> str:
+    """The concatenated text parts (thinking and images left out)."""
+    content = message["content"]
+    if isinstance(content, str):
+        return content
+    return "".join(p["text"] for p in content if p["type"] == "text")  # type: ignore[typeddict-item]
+
+
+def get_thinking_content(message: Message) -> str | None:
+    """The concatenated thinking parts, or None when the message has none."""
+    content = message["content"]
+    if isinstance(content, str):
+        return None
+    parts = [p["thinking"] for p in content if p["type"] == "thinking"]  # type: ignore[typeddict-item]
+    return "".join(parts) if parts else None
+
+
+def has_thinking(message: Message) -> bool:
+    """Whether the message carries non-empty reasoning."""
+    return bool(get_thinking_content(message))
+
+
+def has_images(message: Message) -> bool:
+    content = message["content"]
+    return not isinstance(content, str) and any(p["type"] == "image" for p in content)
+
+
+def remove_thinking(message: Message) -> Message:
+    """A copy of ``message`` without thinking parts."""
+    content = message["content"]
+    if isinstance(content, str):
+        return message
+    return {**message, "content": [p for p in content if p["type"] != "thinking"]}  # type: ignore[typeddict-item]
+
+
+def format_content_as_string(content: Content, sep: str = "\n") -> str:
+    """Content as plain text for logs: thinking as ``<think>...</think>``, images as ``<image>``."""
+    if isinstance(content, str):
+        return content
+    pieces = []
+    for part in content:
+        if part["type"] == "text":
+            pieces.append(part["text"])  # type: ignore[typeddict-item]
+        elif part["type"] == "thinking":
+            pieces.append(f"<think>{part['thinking']}</think>")  # type: ignore[typeddict-item]
+        else:
+            pieces.append("<image>")
+    return sep.join(pieces)
+
+
+def get_tool_calls(message: Message) -> list[ToolCall]:
+    """The message's tool calls as ``ToolCall`` objects (plain dicts from JSON data are accepted)."""
+    calls = message.get("tool_calls") or []
+    return [c if isinstance(c, ToolCall) else ToolCall.model_validate(c) for c in calls]
+
+
+def get_unparsed_tool_calls(message: Message) -> list[UnparsedToolCall]:
+    calls = message.get("unparsed_tool_calls") or []
+    return [c if isinstance(c, UnparsedToolCall) else UnparsedToolCall.model_validate(c) for c in calls]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------------------
+
+
+def validate_conversation(messages: Sequence[Message], what: str) -> None:
+    """Raise a ``RendererError`` for an empty conversation, an unknown role, bad content, or an orphan tool message."""
+    if not messages:
+        raise RendererError(f"{what}: the conversation is empty; pass at least one message")
+    for i, message in enumerate(messages):
+        _validate_message(message, i)
+    _validate_tool_messages(messages)
+
+
+def _validate_message(message: Message, i: int) -> None:
+    if not isinstance(message, dict) or "role" not in message or "content" not in message:
+        raise RendererError(f"messages[{i}] must be a dict with 'role' and 'content', got {message!r:.200}")
+    role = message["role"]
+    if role not in KNOWN_ROLES:
+        raise RendererError(f"messages[{i}]['role'] is {role!r}; expected one of {list(KNOWN_ROLES)}")
+    content = message["content"]
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise RendererError(
+            f"messages[{i}]['content'] must be a string or a list of parts, got {type(content).__name__}"
+        )
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        expected_key = {"text": "text", "thinking": "thinking", "image": "image"}.get(kind or "")
+        if expected_key is None or expected_key not in part:
+            raise RendererError(
+                f"messages[{i}]['content'][{j}] must be a TextPart, ThinkingPart or ImagePart "
+                f"(a dict with type 'text'/'thinking'/'image' and that key), got {part!r:.200}"
+            )
+
+
+def _validate_tool_messages(messages: Sequence[Message]) -> None:
+    """Each tool message must answer a call of the closest preceding assistant message (by id when both have one)."""
+    open_calls: list[ToolCall] = []
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant":
+            open_calls = get_tool_calls(message)
+        elif message["role"] == "tool":
+            if not open_calls:
+                raise RendererError(
+                    f"messages[{i}] is a tool result but no earlier assistant message has an unanswered tool call; "
+                    "put the assistant message with the matching tool_calls before it"
+                )
+            call_id = message.get("tool_call_id")
+            ids = [c.id for c in open_calls if c.id is not None]
+            if call_id is not None and ids and call_id not in ids:
+                raise RendererError(
+                    f"messages[{i}]['tool_call_id'] is {call_id!r} but the preceding assistant message's "
+                    f"tool calls have ids {ids}"
+                )
+            match = next((c for c in open_calls if call_id is not None and c.id == call_id), open_calls[0])
+            open_calls = [c for c in open_calls if c is not match]
+        elif message["role"] == "user":
+            open_calls = []
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rendering building blocks
+# ---------------------------------------------------------------------------------------------------------
+
+Chunk: TypeAlias = types.EncodedTextChunk | types.ImageChunk
+
+
+@dataclass(frozen=True)
+class RenderContext:
+    """Where a message sits in the conversation being rendered."""
+
+    idx: int
+    is_last: bool
+    prev_message: Message | None = None
+    next_message: Message | None = None
+    last_user_index: int = -1
+    """Index of the last user message (renderers may define "user query" more narrowly); -1 if none."""
+
+
+@dataclass
+class RenderedMessage:
+    """A message as chunks: ``header`` is the role framing, ``output`` the content and terminator.
+
+    ``stop_overlap`` holds tokens that follow the output only when this is the conversation's last message
+    (role_colon's ``"User:"``, which is part of its stop sequence and so is sampled with the message).
+    """
+
+    header: list[Chunk] = field(default_factory=list)
+    output: list[Chunk] = field(default_factory=list)
+    stop_overlap: list[Chunk] = field(default_factory=list)
+
+
+def _chunk_len(chunk: Chunk) -> int:
+    return chunk.length
+
+
+def _token_keys(chunks: Sequence[Chunk]) -> list[Any]:
+    """Per-token comparison keys: token ids, and for images a key per image position."""
+    keys: list[Any] = []
+    for chunk in chunks:
+        if isinstance(chunk, types.EncodedTextChunk):
+            keys.extend(int(t) for t in chunk.tokens)
+        else:
+            keys.extend([("image", hash(chunk.data), chunk.expected_tokens)] * _chunk_len(chunk))
+    return keys
+
+
+def assemble_model_input(chunks: Sequence[Chunk]) -> types.ModelInput:
+    """A ModelInput of ``chunks`` with adjacent text chunks merged and empty ones dropped."""
+    merged: list[Chunk] = []
+    for chunk in chunks:
+        if isinstance(chunk, types.EncodedTextChunk):
+            if not chunk.tokens:
+                continue
+            if merged and isinstance(merged[-1], types.EncodedTextChunk):
+                merged[-1] = types.EncodedTextChunk(tokens=[*merged[-1].tokens, *chunk.tokens])
+                continue
+        merged.append(chunk)
+    return types.ModelInput(chunks=merged)
+
+
+def message_is_trained(
+    train_on_what: TrainOnWhat, message: Message, idx: int, messages: Sequence[Message]
+) -> bool:
+    """Whether the output of ``messages[idx]`` gets weight 1 under ``train_on_what``."""
+    role = message["role"]
+    if train_on_what == TrainOnWhat.LAST_ASSISTANT_MESSAGE:
+        return role == "assistant" and idx == _last_index(messages, "assistant")
+    if train_on_what == TrainOnWhat.LAST_ASSISTANT_TURN:
+        return role == "assistant" and idx > _last_index(messages, "user")
+    if train_on_what == TrainOnWhat.ALL_ASSISTANT_MESSAGES:
+        return role == "assistant"
+    if train_on_what in (TrainOnWhat.ALL_MESSAGES, TrainOnWhat.ALL_TOKENS):
+        return True
+    if train_on_what == TrainOnWhat.ALL_USER_AND_SYSTEM_MESSAGES:
+        return role in ("user", "system")
+    if train_on_what == TrainOnWhat.CUSTOMIZED:
+        if "trainable" not in message:
+            raise RendererError(
+                f"train_on_what=CUSTOMIZED needs a 'trainable' bool on every message; messages[{idx}] "
+                f"(role {role!r}) has none. Set message['trainable'] or pick another TrainOnWhat"
+            )
+        return bool(message["trainable"])
+    raise RendererError(f"train_on_what={train_on_what!r} is not one of {[t.value for t in TrainOnWhat]}")
+
+
+def _last_index(messages: Sequence[Message], role: str) -> int:
+    return max((i for i, m in enumerate(messages) if m["role"] == role), default=-1)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The Renderer interface
+# ---------------------------------------------------------------------------------------------------------
+
+
+class Renderer(abc.ABC):
+    """Messages to tokens (for sampling and training) and sampled tokens back to a message."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+
+    # -- what subclasses define ------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def render_message(self, message: Message, ctx: RenderContext) -> RenderedMessage:
+        """The header and output chunks of one message."""
+
+    @abc.abstractmethod
+    def get_stop_sequences(self) -> list[str] | list[int]:
+        """What the sampler should stop on: token ids, or strings for renderers without a stop token."""
+
+    @abc.abstractmethod
+    def parse_response(self, response: Sequence[int]) -> tuple[Message, ParseTermination]:
+        """The assistant message in sampled tokens, and how the response ended."""
+
+    def generation_suffix(self, role: Role, ctx: RenderContext) -> list[Chunk]:
+        """What follows the conversation in a generation prompt: the header of an empty ``role`` message."""
+        return self.render_message({"role": role, "content": ""}, ctx).header
+
+    @property
+    def has_extension_property(self) -> bool:
+        """Whether rendering a conversation always extends the rendering of each of its prefixes (see the docs)."""
+        return False
+
+    @property
+    def disables_thinking(self) -> bool:
+        """True for renderers whose format has no reasoning; training a message that reasoned is then an error."""
+        return False
+
+    def create_conversation_prefix_with_tools(
+        self, tools: Sequence[ToolSpec], system_prompt: str = ""
+    ) -> list[Message]:
+        """Messages that declare ``tools`` (and ``system_prompt``), to put before the conversation."""
+        raise RendererError(
+            f"{type(self).__name__} has no tool-calling format; use a qwen3 renderer for tool use"
+        )
+
+    def to_openai_message(self, message: Message) -> dict[str, Any]:
+        """``message`` as an OpenAI / Hugging Face chat-template dict (text content, ``tool_calls`` as dicts)."""
+        out: dict[str, Any] = {"role": message["role"], "content": get_text_content(message)}
+        thinking = get_thinking_content(message)
+        if thinking is not None:
+            out["reasoning_content"] = thinking
+        calls = get_tool_calls(message)
+        if calls:
+            out["tool_calls"] = [
+                {
+                    "type": "function",
+                    "id": c.id,
+                    "function": {"name": c.function.name, "arguments": c.function.arguments},
+                }
+                for c in calls
+            ]
+        for key in ("tool_call_id", "name"):
+            if key in message:
+                out[key] = message[key]  # type: ignore[literal-required]
+        return out
+
+    # -- tokens ----------------------------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` with no special tokens added (special-token strings in it are still parsed)."""
+        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    def text_chunk(self, text: str) -> types.EncodedTextChunk:
+        return types.EncodedTextChunk(tokens=self.encode(text))
+
+    def text_chunks(self, *pieces: str) -> list[Chunk]:
+        """One chunk per non-empty piece; each piece is tokenized on its own (see the module docstring)."""
+        return [self.text_chunk(p) for p in pieces if p]
+
+    @functools.cached_property
+    def bos_tokens(self) -> list[int]:
+        """What the tokenizer itself puts before a text (Llama's ``<|begin_of_text|>``; nothing for Qwen)."""
+        with_special = self.tokenizer.encode("a", add_special_tokens=True)
+        plain = self.tokenizer.encode("a", add_special_tokens=False)
+        if plain and with_special[-len(plain) :] == plain:
+            return list(with_special[: len(with_special) - len(plain)])
+        return []
+
+    # -- conversations ---------------------------------------------------------------------------------------
+
+    def prepare_messages(self, messages: Sequence[Message]) -> list[Message]:
+        """Hook to adjust a validated conversation before rendering (e.g. insert a default system prompt)."""
+        return list(messages)
+
+    def last_user_index(self, messages: Sequence[Message]) -> int:
+        return _last_index(messages, "user")
+
+    def _contexts(self, messages: Sequence[Message]) -> list[RenderContext]:
+        last_user = self.last_user_index(messages)
+        n = len(messages)
+        return [
+            RenderContext(
+                idx=i,
+                is_last=i == n - 1,
+                prev_message=messages[i - 1] if i > 0 else None,
+                next_message=messages[i + 1] if i + 1 < n else None,
+                last_user_index=last_user,
+            )
+            for i in range(n)
+        ]
+
+    def _check_supported(self, messages: Sequence[Message]) -> None:
+        """Renderer-specific content checks; the default rejects images (only vision renderers accept them)."""
+        for i, message in enumerate(messages):
+            if has_images(message):
+                raise RendererError(
+                    f"messages[{i}] has an image part but {type(self).__name__} is text-only; "
+                    "use the qwen3_vl or qwen3_vl_instruct renderer with an image processor"
+                )
+
+    def _reject_thinking_and_tools(self, messages: Sequence[Message]) -> None:
+        """For formats with neither reasoning nor tool calling: say so instead of inventing a format."""
+        name = type(self).__name__
+        for i, message in enumerate(messages):
+            if get_thinking_content(message) is not None:
+                raise RendererError(
+                    f"messages[{i}] has thinking parts but {name} has no reasoning format; drop them "
+                    "(renderers.remove_thinking) or use a qwen3 renderer"
+                )
+            if message["role"] == "tool" or message.get("tool_calls") or message.get("unparsed_tool_calls"):
+                raise RendererError(
+                    f"messages[{i}] is a tool call or tool result but {name} has no tool-calling format; "
+                    "use a qwen3 renderer for tool use"
+                )
+
+    def _prepared(self, messages: Sequence[Message], what: str) -> list[Message]:
+        validate_conversation(messages, what)
+        self._check_supported(messages)
+        return self.prepare_messages(messages)
+
+    def build_generation_prompt(
+        self, messages: Sequence[Message], role: Role = "assistant", prefill: str | None = None
+    ) -> types.ModelInput:
+        """The prompt to sample a ``role`` message after ``messages``; ``prefill`` starts that message."""
+        msgs = self._prepared(messages, "build_generation_prompt")
+        chunks: list[Chunk] = [types.EncodedTextChunk(tokens=self.bos_tokens)]
+        for message, ctx in zip(msgs, self._contexts(msgs), strict=True):
+            rendered = self.render_message(message, ctx)
+            chunks += rendered.header + rendered.output
+        suffix_ctx = RenderContext(
+            idx=len(msgs), is_last=True, prev_message=msgs[-1], last_user_index=self.last_user_index(msgs)
+        )
+        chunks += self.generation_suffix(role, suffix_ctx)
+        if prefill:
+            chunks.append(self.text_chunk(prefill))
+        return assemble_model_input(chunks)
+
+    def build_supervised_example(
+        self, messages: Sequence[Message], train_on_what: TrainOnWhat = TrainOnWhat.LAST_ASSISTANT_MESSAGE
+    ) -> tuple[types.ModelInput, torch.Tensor]:
+        """The conversation's tokens and a float32 weight per token: 1 on what ``train_on_what`` selects, else 0.
+
+        Headers get weight 1 only with ``ALL_TOKENS``; image tokens always get 0. When the last message is
+        trained, everything its generation prompt supplies (such as a prefilled empty ``<think>`` block) is
+        prompt and gets weight 0, so the trained part is exactly what the model would sample.
+        """
+        train_on_what = TrainOnWhat(train_on_what)
+        msgs = self._prepared(messages, "build_supervised_example")
+        chunks: list[Chunk] = []
+        weights: list[float] = []
+        all_tokens = train_on_what == TrainOnWhat.ALL_TOKENS
+
+        def add(new: list[Chunk], weight: float) -> None:
+            for chunk in new:
+                chunks.append(chunk)
+                w = weight if isinstance(chunk, types.EncodedTextChunk) else 0.0
+                weights.extend([w] * _chunk_len(chunk))
+
+        add([types.EncodedTextChunk(tokens=self.bos_tokens)], 1.0 if all_tokens else 0.0)
+        last_trained = False
+        for message, ctx in zip(msgs, self._contexts(msgs), strict=True):
+            trained = message_is_trained(train_on_what, message, ctx.idx, msgs)
+            if (
+                trained
+                and self.disables_thinking
+                and message["role"] == "assistant"
+                and has_thinking(message)
+            ):
+                raise RendererError(
+                    f"{type(self).__name__} renders no reasoning, but messages[{ctx.idx}] is trained and has thinking "
+                    "parts; drop them, or use a renderer that keeps thinking (e.g. qwen3)"
+                )
+            rendered = self.render_message(message, ctx)
+            add(rendered.header, 1.0 if all_tokens else 0.0)
+            add(rendered.output, 1.0 if trained else 0.0)
+            if ctx.is_last:
+                add(rendered.stop_overlap, 1.0 if trained else 0.0)
+                last_trained = trained
+        if last_trained and msgs[-1]["role"] == "assistant" and not all_tokens:
+            self._zero_generation_prompt(msgs, chunks, weights)
+        return assemble_model_input(chunks), torch.tensor(weights, dtype=torch.float32)
+
+    def _zero_generation_prompt(self, msgs: list[Message], chunks: list[Chunk], weights: list[float]) -> None:
+        """Give weight 0 to the tokens the generation prompt of the last message would have supplied."""
+        if len(msgs) < 2:
+            return
+        prompt = self.build_generation_prompt(msgs[:-1], role=msgs[-1]["role"])
+        prompt_keys = _token_keys(prompt.chunks)
+        # The prompt is a prefix whenever the renderer renders history the same way in both contexts; where
+        # it is not (e.g. two assistant messages in a row under Qwen3's history rules), nothing is zeroed.
+        if _token_keys(chunks)[: len(prompt_keys)] == prompt_keys:
+            weights[: len(prompt_keys)] = [0.0] * len(prompt_keys)
+
+    def build_supervised_examples(
+        self, messages: Sequence[Message], train_on_what: TrainOnWhat = TrainOnWhat.LAST_ASSISTANT_TURN
+    ) -> list[tuple[types.ModelInput, torch.Tensor]]:
+        """One example for the whole conversation when the renderer has the extension property; otherwise
+        one example per trained assistant message (each rendered as the last message of its prefix, so it is
+        trained on exactly the context it would be sampled in)."""
+        train_on_what = TrainOnWhat(train_on_what)
+        assistant_modes = (
+            TrainOnWhat.LAST_ASSISTANT_MESSAGE,
+            TrainOnWhat.LAST_ASSISTANT_TURN,
+            TrainOnWhat.ALL_ASSISTANT_MESSAGES,
+        )
+        if self.has_extension_property or train_on_what not in assistant_modes:
+            return [self.build_supervised_example(messages, train_on_what)]
+        validate_conversation(messages, "build_supervised_examples")
+        trained = [
+            i
+            for i, m in enumerate(messages)
+            if m["role"] == "assistant" and message_is_trained(train_on_what, m, i, messages)
+        ]
+        if not trained:
+            raise RendererError(
+                f"build_supervised_examples: no assistant message is selected by train_on_what={train_on_what.value}"
+            )
+        return [
+            self.build_supervised_example(messages[: i + 1], TrainOnWhat.LAST_ASSISTANT_MESSAGE)
+            for i in trained
+        ]
+
+    # -- parsing helpers -------------------------------------------------------------------------------------
+
+    def end_of_sequence_ids(self) -> set[int]:
+        """Token ids that end a sequence without being this renderer's stop sequence."""
+        stops = {s for s in self.get_stop_sequences() if isinstance(s, int)}
+        return end_of_sequence_token_ids(self.tokenizer) - stops
+
+    def split_at_stop_token(self, response: Sequence[int]) -> tuple[list[int], ParseTermination]:
+        """The tokens before the stop token and how the response ended (for renderers with stop tokens).
+
+        One stop token -> ``STOP_SEQUENCE``; none but an end-of-sequence token -> ``EOS``; neither ->
+        ``MALFORMED`` with every token kept. More than one stop token means several responses were passed
+        at once, which is a caller error.
+        """
+        tokens = [int(t) for t in response]
+        stops = {s for s in self.get_stop_sequences() if isinstance(s, int)}
+        positions = [i for i, t in enumerate(tokens) if t in stops]
+        if len(positions) > 1:
+            raise RendererError(
+                f"parse_response got {len(positions)} stop tokens at positions {positions}; pass the tokens of one "
+                "sampled response (the sampler stops at the first stop token)"
+            )
+        if positions:
+            return tokens[: positions[0]], ParseTermination.STOP_SEQUENCE
+        eos = self.end_of_sequence_ids()
+        for i, t in enumerate(tokens):
+            if t in eos:
+                return tokens[:i], ParseTermination.EOS
+        return tokens, ParseTermination.MALFORMED
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=False)
+
+
+_END_OF_SEQUENCE_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<|eot_id|>", "<|im_end|>")
+
+
+def end_of_sequence_token_ids(tokenizer: Tokenizer) -> set[int]:
+    """The tokenizer's EOS plus the end-of-text tokens of the families we know (base models emit those)."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in _END_OF_SEQUENCE_TOKENS if t in vocab)
+    return ids
+
+
+def tool_call_from_json(raw: str) -> ToolCall | UnparsedToolCall:
+    """A ``ToolCall`` from ``{"name": ..., "arguments": {...}}`` JSON text, or an ``UnparsedToolCall`` saying why not."""
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as e:
+        return UnparsedToolCall(raw_text=raw, error=f"invalid JSON: {e}")
+    if not isinstance(obj, dict):
+        return UnparsedToolCall(raw_text=raw, error=f"expected a JSON object, got {type(obj).__name__}")
+    name, arguments = obj.get("name"), obj.get("arguments")
+    if not isinstance(name, str) or not name:
+        return UnparsedToolCall(raw_text=raw, error="missing or non-string 'name'")
+    if not isinstance(arguments, dict):
+        return UnparsedToolCall(raw_text=raw, error="missing 'arguments' object")
+    return ToolCall(function=FunctionBody(name=name, arguments=json.dumps(arguments, ensure_ascii=False)))
