@@ -57,17 +57,27 @@ class TinkerTokenCompleter(TokenCompleter):
     """Samples one continuation from a ``tinker.SamplingClient``.
 
     ``max_tokens`` is the default budget; a per-call ``max_tokens`` lowers it, and with ``context_window`` set the
-    budget is also capped so that prompt plus completion fit the window.
+    budget is also capped so that prompt plus completion fit the window. With ``seed`` set, call ``k`` of this
+    completer samples with seed ``seed + k``: calls made in the same order get the same tokens (the training loop
+    uses this to make reruns and resumed runs sample identically).
     """
 
     def __init__(self, sampling_client: tinker.SamplingClient, max_tokens: int, temperature: float = 1.0,
-                 context_window: int | None = None) -> None:
+                 context_window: int | None = None, seed: int | None = None) -> None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens={max_tokens} must be at least 1")
         self.sampling_client = sampling_client
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.context_window = context_window
+        self.seed = seed
+        self._calls = 0
+
+    def _next_seed(self) -> int | None:
+        if self.seed is None:
+            return None
+        self._calls += 1
+        return (self.seed + self._calls - 1) % (2**31)
 
     def _budget(self, prompt_len: int, max_tokens: int | None) -> int:
         budget = self.max_tokens if max_tokens is None else min(self.max_tokens, max_tokens)
@@ -81,9 +91,8 @@ class TinkerTokenCompleter(TokenCompleter):
     async def __call__(
         self, model_input: tinker.ModelInput, stop: StopCondition, *, max_tokens: int | None = None
     ) -> TokensWithLogprobs:
-        params = tinker.SamplingParams(
-            max_tokens=self._budget(model_input.length, max_tokens), temperature=self.temperature, stop=stop
-        )
+        params = tinker.SamplingParams(max_tokens=self._budget(model_input.length, max_tokens),
+                                       temperature=self.temperature, stop=stop, seed=self._next_seed())
         response = await self.sampling_client.sample_async(prompt=model_input, num_samples=1, sampling_params=params)
         sequence = response.sequences[0]
         return TokensWithLogprobs(

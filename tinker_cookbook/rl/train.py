@@ -1,0 +1,401 @@
+"""The RL training loop: sample groups of rollouts, centre rewards within each group, take a policy-gradient step.
+
+Three modes share one ``Config`` and ``main``:
+
+- sync (default): each iteration rolls out a whole batch with the current weights, then trains on it
+  (``num_substeps`` optimizer steps, each on a slice of the batch's groups);
+- streaming (``stream_minibatch_config``): still on-policy, but a minibatch is sent to ``forward_backward`` as soon
+  as its groups have finished, overlapping sampling and training;
+- async off-policy (``async_config``, in ``rl/train_async.py``): sampling never waits for training; groups sampled
+  more than ``max_steps_off_policy`` steps before the step that would train on them are sampled again.
+
+Per run ``log_path`` holds ``config.json``, ``metrics.jsonl`` (step = iteration), ``checkpoints.jsonl``, ``logs.log``
+and ``iteration_NNNNNN/train.html`` (a few rollouts per iteration). A checkpoint row ``{"batch": i+1, ...}`` is
+written after the train step of iteration ``i`` when ``(i + 1) % save_every == 0``, and ``final`` at the end, so a
+rerun resumes exactly where the last row says (or does nothing once ``final`` is written).
+
+``recipes/rl_loop.py`` is the flat, pedagogical twin of this loop on the raw API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import chz
+
+from tinker_cookbook import checkpoint_utils, tinker
+from tinker_cookbook.cli_utils import LogdirBehavior, check_log_dir
+from tinker_cookbook.completers import TinkerTokenCompleter
+from tinker_cookbook.eval.evaluators import SamplingClientEvaluator, SamplingClientEvaluatorBuilder
+from tinker_cookbook.exceptions import AllTrajectoriesFailedError, ConfigurationError
+from tinker_cookbook.rl.metric_util import RLTestSetEvaluator, compute_trajectory_metrics
+from tinker_cookbook.rl.rollouts import BatchRollout, do_batch_rollouts, do_group_rollout
+from tinker_cookbook.rl.train_step import (
+    SubmittedSubstep,
+    TrainSettings,
+    adam_params,
+    finish_substeps,
+    prepare_data,
+    split_groups,
+    submit_forward_backward,
+    submit_substep,
+    write_transcript,
+)
+from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, RLDatasetBuilder, TrajectoryGroup
+from tinker_cookbook.utils import ml_log
+from tinker_cookbook.utils.misc_utils import iteration_dir, timed
+
+logger = logging.getLogger(__name__)
+
+LossFnName = Literal["importance_sampling", "ppo", "cispo", "dro"]
+
+
+@chz.chz
+class AsyncConfig:
+    """Off-policy training: ``max_steps_off_policy`` = the oldest sampler (in steps) whose groups may be trained on."""
+
+    max_steps_off_policy: int
+    groups_per_batch: int
+
+
+@chz.chz
+class StreamMinibatchConfig:
+    """Train each minibatch as soon as its groups are sampled; ``groups_per_batch`` must equal the batch size."""
+
+    groups_per_batch: int
+    num_minibatches: int
+
+
+@chz.chz
+class KLReferenceConfig:
+    """The reference policy of the KL penalty: a base model, or a ``sampler_weights/`` checkpoint of one."""
+
+    base_model: str
+    load_checkpoint_path: str | None = None
+
+
+@chz.chz
+class Config:
+    learning_rate: float
+    dataset_builder: RLDatasetBuilder
+    model_name: str
+    max_tokens: int
+    log_path: str = chz.field(munger=lambda _, s: str(Path(s).expanduser()))
+    renderer_name: str | None = None
+    """Recorded in the run's metadata; resuming from a checkpoint trained with another renderer is refused."""
+
+    lora_rank: int = 32
+    seed: int = 0
+    """LoRA initialisation and sampling seeds: reruns (and resumed runs) of single-turn envs sample the same tokens."""
+
+    temperature: float = 1.0
+    loss_fn: LossFnName = "importance_sampling"
+    loss_fn_config: dict[str, float] | None = None
+    num_substeps: int = 1
+    remove_constant_reward_groups: bool = False
+    rollout_error_tolerance: bool = False
+    """False: an env error stops the run with that error. True: the failing group is logged and skipped."""
+
+    kl_penalty_coef: float = 0.0
+    kl_discount_factor: float = 0.0
+    kl_reference_config: KLReferenceConfig | None = None
+    """None: the KL penalty is against ``model_name`` itself (the untrained base)."""
+
+    eval_every: int = 20
+    save_every: int = 20
+    evaluator_builders: list[SamplingClientEvaluatorBuilder] = chz.field(default_factory=list)
+    load_checkpoint_path: str | None = None
+    """Start from these weights (a ``weights/`` path); ignored when the log dir has a checkpoint to resume."""
+
+    async_config: AsyncConfig | None = None
+    stream_minibatch_config: StreamMinibatchConfig | None = None
+    num_groups_to_log: int = 4
+    max_steps: int | None = None
+    ttl_seconds: int | None = 604800
+    behavior_if_log_dir_exists: LogdirBehavior = "ask"
+    wandb_project: str | None = None
+    wandb_name: str | None = None
+    base_url: str | None = None
+
+    @chz.validate
+    def _check(self) -> None:
+        if self.learning_rate <= 0:
+            raise ConfigurationError(f"learning_rate={self.learning_rate} must be positive (e.g. 1e-5)")
+        if self.max_tokens < 1:
+            raise ConfigurationError(f"max_tokens={self.max_tokens} must be at least 1")
+        if self.num_substeps < 1:
+            raise ConfigurationError(f"num_substeps={self.num_substeps} must be at least 1")
+        if self.async_config is not None and self.stream_minibatch_config is not None:
+            raise ConfigurationError("async_config and stream_minibatch_config are both set; choose one mode")
+        if self.async_config is not None and self.async_config.max_steps_off_policy < 0:
+            raise ConfigurationError(
+                f"async_config.max_steps_off_policy={self.async_config.max_steps_off_policy} must be >= 0")
+        if self.kl_penalty_coef < 0:
+            raise ConfigurationError(f"kl_penalty_coef={self.kl_penalty_coef} must be >= 0")
+        if self.max_steps is not None and self.max_steps < 0:
+            raise ConfigurationError(f"max_steps={self.max_steps} must be >= 0")
+
+    @property
+    def settings(self) -> TrainSettings:
+        return TrainSettings(self.learning_rate, self.loss_fn, self.loss_fn_config,
+                             self.remove_constant_reward_groups, self.kl_penalty_coef, self.kl_discount_factor)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Run state shared by the modes
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunContext:
+    """Everything a mode's loop needs besides the config."""
+
+    cfg: Config
+    service_client: tinker.ServiceClient
+    training_client: tinker.TrainingClient
+    dataset: RLDataset
+    evaluators: list[SamplingClientEvaluator]
+    reference_client: tinker.SamplingClient | None
+    ml_logger: ml_log.Logger
+    tokenizer: Any
+    start_batch: int
+    end_batch: int
+
+    def policy(self, sampling_client: tinker.SamplingClient, iteration: int) -> TinkerTokenCompleter:
+        return TinkerTokenCompleter(sampling_client, self.cfg.max_tokens, temperature=self.cfg.temperature,
+                                    seed=self.cfg.seed * 1_000_003 + iteration)
+
+    def progress(self, i: int) -> dict[str, float]:
+        return {"progress/batch": float(i), "progress/done_frac": (i + 1) / max(self.end_batch, 1),
+                "optim/lr": self.cfg.learning_rate}
+
+    async def maybe_eval(self, i: int, sampling_client: tinker.SamplingClient, force: bool = False) -> dict[str, float]:
+        if not self.evaluators or self.cfg.eval_every <= 0 or not (force or i % self.cfg.eval_every == 0):
+            return {}
+        metrics: dict[str, float] = {}
+        start = time.perf_counter()
+        for evaluator in self.evaluators:
+            metrics.update(await evaluator(sampling_client))
+        metrics["time/eval"] = time.perf_counter() - start
+        return metrics
+
+    async def next_sampler(self, i: int, metrics: dict[str, float]) -> tinker.SamplingClient:
+        """The sampler for iteration ``i + 1``: the periodic checkpoint's weights, or an in-memory snapshot."""
+        with timed("save", metrics):
+            if self.cfg.save_every > 0 and (i + 1) % self.cfg.save_every == 0 and i + 1 < self.end_batch:
+                row = await checkpoint_utils.save_checkpoint_async(
+                    self.training_client, f"{i + 1:06d}", self.cfg.log_path, {"batch": i + 1}, "both",
+                    self.cfg.ttl_seconds)
+                return self.service_client.create_sampling_client(model_path=row["sampler_path"])
+            return await self.training_client.save_weights_and_get_sampling_client_async()
+
+    def log_transcript(self, i: int, groups_P: list[TrajectoryGroup], builders_P: list[EnvGroupBuilder]) -> None:
+        write_transcript(iteration_dir(self.cfg.log_path, i) / "train.html", f"Iteration {i}", groups_P, builders_P,
+                         self.tokenizer, self.cfg.num_groups_to_log)
+
+
+async def _create_training_client(cfg: Config, service_client: tinker.ServiceClient
+                                  ) -> tuple[tinker.TrainingClient, int, dict[str, Any] | None]:
+    """The training client (resumed, from ``load_checkpoint_path``, or fresh), its start batch and last row."""
+    last = checkpoint_utils.get_last_checkpoint(cfg.log_path)
+    metadata = checkpoint_utils.renderer_user_metadata(cfg.renderer_name)
+    if last is not None:
+        checkpoint_utils.check_renderer_name_for_checkpoint(service_client, last["state_path"], cfg.renderer_name)
+        logger.info("resuming from %s (batch %d)", last["state_path"], last["batch"])
+        client = await service_client.create_training_client_from_state_with_optimizer_async(
+            last["state_path"], user_metadata=metadata)
+        return client, int(last["batch"]), last
+    if cfg.load_checkpoint_path is not None:
+        checkpoint_utils.check_renderer_name_for_checkpoint(service_client, cfg.load_checkpoint_path,
+                                                            cfg.renderer_name)
+        client = await service_client.create_training_client_from_state_async(cfg.load_checkpoint_path,
+                                                                             user_metadata=metadata)
+        return client, 0, None
+    client = await service_client.create_lora_training_client_async(cfg.model_name, rank=cfg.lora_rank,
+                                                                    seed=cfg.seed, user_metadata=metadata)
+    return client, 0, None
+
+
+def _reference_client(cfg: Config, service_client: tinker.ServiceClient) -> tinker.SamplingClient | None:
+    if cfg.kl_penalty_coef <= 0:
+        return None
+    ref = cfg.kl_reference_config
+    if ref is not None and ref.load_checkpoint_path is not None:
+        return service_client.create_sampling_client(model_path=ref.load_checkpoint_path)
+    return service_client.create_sampling_client(base_model=ref.base_model if ref is not None else cfg.model_name)
+
+
+async def _build_context(cfg: Config) -> RunContext | None:
+    """Set up logging, clients, data and evaluators; None when the run in ``log_path`` already finished."""
+    check_log_dir(cfg.log_path, cfg.behavior_if_log_dir_exists)
+    ml_logger = ml_log.setup_logging(cfg.log_path, cfg.wandb_project, cfg.wandb_name, config=cfg)
+    service_client = tinker.ServiceClient(base_url=cfg.base_url)
+    training_client, start_batch, last = await _create_training_client(cfg, service_client)
+    dataset, test_dataset = await cfg.dataset_builder()
+    end_batch = len(dataset) if cfg.max_steps is None else min(len(dataset), cfg.max_steps)
+    if end_batch == 0:
+        raise ConfigurationError(f"the dataset has no batches (len={len(dataset)}, max_steps={cfg.max_steps}); "
+                                 "make it at least batch_size problems long or raise max_steps")
+    if last is not None and last.get("final") and start_batch >= end_batch:
+        logger.info("the run in %s already finished (final checkpoint at batch %d); nothing to do",
+                    cfg.log_path, start_batch)
+        ml_logger.close()
+        return None
+    evaluators = [builder() for builder in cfg.evaluator_builders]
+    if test_dataset is not None:
+        evaluators.append(RLTestSetEvaluator(test_dataset, cfg.max_tokens, temperature=cfg.temperature))
+    return RunContext(cfg, service_client, training_client, dataset, evaluators,
+                      _reference_client(cfg, service_client), ml_logger, training_client.get_tokenizer(),
+                      start_batch, end_batch)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sync and streaming modes
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _check_batch(builders: list[EnvGroupBuilder], cfg: Config, i: int) -> None:
+    if len(builders) == 0:
+        raise ConfigurationError(f"dataset batch {i} is empty; the dataset must yield at least one group per batch")
+    stream = cfg.stream_minibatch_config
+    if stream is not None and len(builders) != stream.groups_per_batch:
+        raise ConfigurationError(f"stream_minibatch_config.groups_per_batch={stream.groups_per_batch} differs from "
+                                 f"the dataset's batch size {len(builders)}; set them equal")
+
+
+async def _sync_train_step(ctx: RunContext, rollout: BatchRollout) -> dict[str, float]:
+    """Train on a fully sampled batch: ``num_substeps`` optimizer steps, each on a slice of the groups."""
+    metrics: dict[str, float] = {}
+    substeps = []
+    for part in split_groups(rollout.groups_P, ctx.cfg.num_substeps):
+        data_D, prep_metrics = await prepare_data(part, ctx.cfg.settings, ctx.reference_client)
+        _accumulate(metrics, prep_metrics)
+        if data_D:
+            substeps.append(await submit_substep(ctx.training_client, data_D, ctx.cfg.settings))
+    if not substeps:
+        logger.warning("no datums to train on in this batch (all groups had equal rewards); skipping the update")
+        metrics["optim/skipped"] = 1.0
+        return metrics
+    metrics.update(await finish_substeps(substeps))
+    return metrics
+
+
+async def _stream_rollout_and_train(ctx: RunContext, builders: list[EnvGroupBuilder], i: int,
+                                    sampling_client: tinker.SamplingClient) -> tuple[BatchRollout, dict[str, float]]:
+    """Roll out the batch; each minibatch goes to ``forward_backward`` as soon as its groups are done.
+
+    The batch is cut into ``num_substeps × num_minibatches`` minibatches in completion order; an ``optim_step``
+    is queued after every ``num_minibatches`` of them (skipped when none of them had anything to train on).
+    """
+    stream = ctx.cfg.stream_minibatch_config
+    assert stream is not None
+    num_parts = ctx.cfg.num_substeps * stream.num_minibatches
+    boundaries = list(itertools.accumulate(len(p) for p in split_groups(builders, num_parts)))
+    policy = ctx.policy(sampling_client, i)
+    tasks = [asyncio.ensure_future(_tolerant_group(b, policy, ctx.cfg.rollout_error_tolerance)) for b in builders]
+    done: list[tuple[TrajectoryGroup, EnvGroupBuilder]] = []
+    waiting: list[TrajectoryGroup] = []
+    substeps: list[SubmittedSubstep] = []
+    metrics: dict[str, float] = {}
+    finished, part, step_has_data = 0, 0, False
+    for next_done in asyncio.as_completed(tasks):
+        group, builder = await next_done
+        finished += 1
+        if group is not None:
+            done.append((group, builder))
+            waiting.append(group)
+        while part < num_parts and finished >= boundaries[part]:
+            data_D, prep = await prepare_data(waiting, ctx.cfg.settings, ctx.reference_client)
+            waiting = []
+            _accumulate(metrics, prep)
+            if data_D:
+                substeps.append(await submit_forward_backward(ctx.training_client, data_D, ctx.cfg.settings))
+                step_has_data = True
+            part += 1
+            if part % stream.num_minibatches == 0 and step_has_data:
+                substeps[-1].optim = await ctx.training_client.optim_step_async(adam_params(ctx.cfg.learning_rate))
+                step_has_data = False
+    if not done:
+        raise AllTrajectoriesFailedError(f"all {len(builders)} groups of batch {i} failed (see the warnings above)")
+    rollout = BatchRollout([g for g, _ in done], [b for _, b in done], finished - len(done))
+    if substeps:
+        metrics.update(await finish_substeps(substeps))
+    else:
+        metrics["optim/skipped"] = 1.0
+    return rollout, metrics
+
+
+def _accumulate(metrics: dict[str, float], new: dict[str, float]) -> None:
+    """Counts (``rollout/...``, ``optim/num_...``) add up over minibatches; other values keep the latest."""
+    for key, value in new.items():
+        summed = key.startswith(("rollout/", "optim/num"))
+        metrics[key] = metrics.get(key, 0.0) + value if summed else value
+
+
+async def _tolerant_group(builder: EnvGroupBuilder, policy: TinkerTokenCompleter, tolerate: bool
+                          ) -> tuple[TrajectoryGroup | None, EnvGroupBuilder]:
+    try:
+        return await do_group_rollout(builder, policy), builder
+    except Exception as exc:
+        if not tolerate:
+            raise
+        logger.warning("skipping a group of %s: %s: %s", type(builder).__name__, type(exc).__name__, exc)
+        return None, builder
+
+
+async def _run_iteration(ctx: RunContext, i: int, sampling_client: tinker.SamplingClient) -> tinker.SamplingClient:
+    """One sync/streaming iteration; returns the sampler for the next one."""
+    metrics: dict[str, float] = ctx.progress(i)
+    start = time.perf_counter()
+    metrics.update(await ctx.maybe_eval(i, sampling_client))
+    builders = list(ctx.dataset.get_batch(i))
+    _check_batch(builders, ctx.cfg, i)
+    with timed("rollout_and_train", metrics):
+        if ctx.cfg.stream_minibatch_config is not None:
+            rollout, train_metrics = await _stream_rollout_and_train(ctx, builders, i, sampling_client)
+        else:
+            with timed("rollout", metrics):
+                rollout = await do_batch_rollouts(builders, ctx.policy(sampling_client, i),
+                                                  ctx.cfg.rollout_error_tolerance)
+            with timed("train", metrics):
+                train_metrics = await _sync_train_step(ctx, rollout)
+    metrics.update(rollout.metrics)
+    metrics.update(compute_trajectory_metrics(rollout.groups_P, [b.logging_tags() for b in rollout.builders_P]))
+    metrics.update(train_metrics)
+    ctx.log_transcript(i, rollout.groups_P, rollout.builders_P)
+    next_client = await ctx.next_sampler(i, metrics)
+    metrics["time/total"] = time.perf_counter() - start
+    ctx.ml_logger.log_metrics(metrics, step=i)
+    return next_client
+
+
+async def _finish(ctx: RunContext, sampling_client: tinker.SamplingClient) -> None:
+    """Final eval (when evals are on) and the ``final`` checkpoint."""
+    metrics = await ctx.maybe_eval(ctx.end_batch, sampling_client, force=True)
+    if metrics:
+        ctx.ml_logger.log_metrics(metrics, step=ctx.end_batch)
+    await checkpoint_utils.save_checkpoint_async(ctx.training_client, "final", ctx.cfg.log_path,
+                                                 {"batch": ctx.end_batch, "final": True}, "both", None)
+    ctx.ml_logger.close()
+
+
+async def main(cfg: Config) -> None:
+    """Train ``cfg.model_name`` with RL on ``cfg.dataset_builder``; see the module docstring."""
+    ctx = await _build_context(cfg)
+    if ctx is None:
+        return
+    sampling_client = await ctx.training_client.save_weights_and_get_sampling_client_async()
+    if cfg.async_config is not None:
+        from tinker_cookbook.rl.train_async import run_async_training
+
+        sampling_client = await run_async_training(ctx, sampling_client)
+    else:
+        for i in range(ctx.start_batch, ctx.end_batch):
+            sampling_client = await _run_iteration(ctx, i, sampling_client)
+    await _finish(ctx, sampling_client)

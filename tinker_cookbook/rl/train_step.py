@@ -1,0 +1,150 @@
+"""The pieces of an RL iteration shared by the sync, streaming and async loops of ``rl/train.py``.
+
+- ``prepare_data``: trajectory groups → metrics, advantages and datums (with the optional KL penalty);
+- ``submit_substep`` / ``finish_substeps``: ``forward_backward`` and ``optim_step`` submitted back to back, results
+  awaited afterwards, so both land in the same engine cycle;
+- ``write_transcript``: the HTML report of a few rollouts of the iteration.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from tinker_cookbook import tinker
+from tinker_cookbook.rl.data_processing import (
+    assemble_training_data,
+    compute_advantages,
+    datum_for_training,
+    remove_constant_reward_groups,
+)
+from tinker_cookbook.rl.metrics import compute_kl_sample_train, incorporate_kl_penalty
+from tinker_cookbook.rl.types import EnvGroupBuilder, TrajectoryGroup
+from tinker_cookbook.utils.logtree import HtmlReport
+
+logger = logging.getLogger(__name__)
+
+RL_ADAM_BETAS = (0.9, 0.95)
+RL_ADAM_EPS = 1e-8
+
+
+def adam_params(learning_rate: float) -> tinker.AdamParams:
+    return tinker.AdamParams(learning_rate=learning_rate, beta1=RL_ADAM_BETAS[0], beta2=RL_ADAM_BETAS[1],
+                             eps=RL_ADAM_EPS)
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """What a training step needs from the config."""
+
+    learning_rate: float
+    loss_fn: str
+    loss_fn_config: dict[str, float] | None
+    remove_constant_reward_groups: bool
+    kl_penalty_coef: float
+    kl_discount_factor: float
+
+
+async def prepare_data(
+    groups_P: Sequence[TrajectoryGroup], settings: TrainSettings, reference_client: tinker.SamplingClient | None
+) -> tuple[list[tinker.Datum], dict[str, float]]:
+    """Datums (with ``mask``) of the groups worth training on, and the metrics of that preparation."""
+    metrics: dict[str, float] = {}
+    kept = list(groups_P)
+    if settings.remove_constant_reward_groups:
+        kept = remove_constant_reward_groups(kept)
+        metrics["rollout/constant_reward_groups_removed"] = float(len(groups_P) - len(kept))
+    data_D, _sources = assemble_training_data(kept, compute_advantages(kept))
+    if data_D and settings.kl_penalty_coef > 0:
+        if reference_client is None:
+            raise ValueError("kl_penalty_coef > 0 needs a reference sampling client")
+        data_D, kl_metrics = await incorporate_kl_penalty(data_D, reference_client, settings.kl_penalty_coef,
+                                                          settings.kl_discount_factor)
+        metrics.update(kl_metrics)
+    metrics["optim/num_datums"] = float(len(data_D))
+    return data_D, metrics
+
+
+@dataclass
+class SubmittedSubstep:
+    """The futures of one substep's ``forward_backward`` and (if submitted) ``optim_step``."""
+
+    data_D: list[tinker.Datum]
+    fwd_bwd: tinker.APIFuture[tinker.ForwardBackwardOutput]
+    optim: tinker.APIFuture[tinker.OptimStepResponse] | None = None
+
+
+async def submit_forward_backward(training_client: tinker.TrainingClient, data_D: list[tinker.Datum],
+                                  settings: TrainSettings) -> SubmittedSubstep:
+    """Queue ``forward_backward`` on the datums (client-side keys stripped); does not wait for it."""
+    future = await training_client.forward_backward_async(
+        [datum_for_training(d) for d in data_D], loss_fn=settings.loss_fn,  # type: ignore[arg-type]
+        loss_fn_config=settings.loss_fn_config)
+    return SubmittedSubstep(data_D=data_D, fwd_bwd=future)
+
+
+async def submit_substep(training_client: tinker.TrainingClient, data_D: list[tinker.Datum],
+                         settings: TrainSettings) -> SubmittedSubstep:
+    """Queue ``forward_backward`` and, right behind it, ``optim_step``, without waiting in between."""
+    substep = await submit_forward_backward(training_client, data_D, settings)
+    substep.optim = await training_client.optim_step_async(adam_params(settings.learning_rate))
+    return substep
+
+
+async def finish_substeps(substeps: Sequence[SubmittedSubstep]) -> dict[str, float]:
+    """Wait for the queued requests; returns loss, optimizer and sampler-vs-learner KL metrics."""
+    all_data: list[tinker.Datum] = []
+    train_logprobs: list[np.ndarray] = []
+    metrics: dict[str, float] = {}
+    loss = 0.0
+    for substep in substeps:
+        output = await substep.fwd_bwd.result_async()
+        loss += float(output.metrics.get("loss:sum", 0.0))
+        all_data += substep.data_D
+        train_logprobs += [out["logprobs"].to_numpy() for out in output.loss_fn_outputs]
+        if substep.optim is not None:
+            optim_response = await substep.optim.result_async()
+            metrics.update({f"optim/{k}": float(v) for k, v in (optim_response.metrics or {}).items()})
+    metrics["optim/loss:sum"] = loss
+    metrics.update(compute_kl_sample_train(all_data, train_logprobs))
+    return metrics
+
+
+def split_groups(items: Sequence[Any], num_parts: int) -> list[list[Any]]:
+    """``items`` in ``num_parts`` contiguous, nearly equal parts (empty parts allowed when there are few items)."""
+    base, extra = divmod(len(items), num_parts)
+    parts, start = [], 0
+    for i in range(num_parts):
+        size = base + (1 if i < extra else 0)
+        parts.append(list(items[start : start + size]))
+        start += size
+    return parts
+
+
+def _decode(tokenizer: Any, tokens: Sequence[int]) -> str:
+    return tokenizer.decode(list(tokens)) if tokenizer is not None else " ".join(map(str, tokens))
+
+
+def write_transcript(path: Path, title: str, groups_P: Sequence[TrajectoryGroup],
+                     builders_P: Sequence[EnvGroupBuilder], tokenizer: Any, num_groups: int) -> Path | None:
+    """An HTML page with the first ``num_groups`` groups: each rollout's prompt, response, reward and metrics."""
+    if num_groups <= 0 or not groups_P:
+        return None
+    report = HtmlReport(title)
+    for g, (group, builder) in enumerate(zip(groups_P[:num_groups], builders_P[:num_groups], strict=True)):
+        rewards_G = group.get_total_rewards()
+        report.header(f"Group {g} ({', '.join(builder.logging_tags()) or type(builder).__name__}): "
+                      f"rewards {[round(r, 3) for r in rewards_G]}")
+        for t, (traj, reward) in enumerate(zip(group.trajectories_G, rewards_G, strict=True)):
+            report.header(f"Rollout {t}: total reward {reward:.3f}", level=3)
+            for k, tr in enumerate(traj.transitions):
+                with report.details(f"turn {k} prompt ({tr.ob.length} tokens)"):
+                    report.text(_decode(tokenizer, tr.ob.to_ints()), css_class="prompt")
+                css = "response good" if tr.reward > 0.5 else "response bad"
+                report.text(_decode(tokenizer, tr.ac.tokens), css_class=css)
+                report.table({"reward": tr.reward, "stop_reason": tr.ac.stop_reason, **tr.metrics, **tr.logs})
+    return report.write(path)
