@@ -92,7 +92,7 @@ def test_available_models_has_the_tiny_models() -> None:
         assert specs[name].source == "tiny"
         assert specs[name].max_context_length == models.TINY_CONTEXT_LENGTH
     assert specs["tinker-cookbook/tiny-qwen3-vl"].arch == "qwen3_vl"
-    assert specs["tinker-cookbook/tiny-llama3"].tokenizer_name.startswith("meta-llama/")
+    assert specs["tinker-cookbook/tiny-llama3"].tokenizer_name == "tinker-cookbook/tiny-llama3"
 
 
 def test_smollm2_listed_from_the_packaged_gguf() -> None:
@@ -163,6 +163,17 @@ def test_tiny_model_in_bf16_is_the_fp32_model_rounded() -> None:
     for (key, a), b in zip(fp32.state_dict().items(), bf16.state_dict().values(), strict=True):
         assert b.dtype == torch.bfloat16, key
         assert torch.equal(a.to(torch.bfloat16), b), key
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_tiny_model_pairs_with_its_real_tokenizer(name: str) -> None:
+    from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+    tokenizer = get_tokenizer(models.get_model_spec(name).tokenizer_name)
+    text_config = models.load_model_config(name).get_text_config()
+    assert tokenizer.eos_token_id == text_config.eos_token_id
+    ids = tokenizer.encode("Hello, world! Ünïcödé 123")
+    assert ids and max(ids) < text_config.vocab_size
 
 
 def test_tiny_smollm2_matches_smollm2_token_layout() -> None:

@@ -155,11 +155,12 @@ def _tiny_qwen3_vl_config() -> PretrainedConfig:
     )
 
 
-def _tiny_spec(name: str, arch: str, tokenizer_name: str, description: str) -> ModelSpec:
+def _tiny_spec(name: str, arch: str, description: str) -> ModelSpec:
+    # tokenizer_utils maps the tiny names to the packaged real tokenizers without trying the hub.
     return ModelSpec(
         name=name,
         arch=arch,
-        tokenizer_name=tokenizer_name,
+        tokenizer_name=name,
         max_context_length=TINY_CONTEXT_LENGTH,
         source="tiny",
         description=description,
@@ -173,7 +174,6 @@ _TINY_MODELS: dict[str, tuple[ModelSpec, Callable[[], PretrainedConfig]]] = {
             _tiny_spec(
                 "tinker-cookbook/tiny-qwen3",
                 "qwen3",
-                "Qwen/Qwen3-8B",
                 "Tiny random Qwen3 (2 layers, hidden 64) with the real Qwen3 tokenizer; for tests.",
             ),
             _tiny_qwen3_config,
@@ -182,7 +182,6 @@ _TINY_MODELS: dict[str, tuple[ModelSpec, Callable[[], PretrainedConfig]]] = {
             _tiny_spec(
                 "tinker-cookbook/tiny-llama3",
                 "llama",
-                "meta-llama/Llama-3.2-1B",
                 "Tiny random Llama-3 (2 layers, hidden 64) with the real Llama-3 tokenizer; for tests.",
             ),
             _tiny_llama3_config,
@@ -191,7 +190,6 @@ _TINY_MODELS: dict[str, tuple[ModelSpec, Callable[[], PretrainedConfig]]] = {
             _tiny_spec(
                 "tinker-cookbook/tiny-smollm2",
                 "llama",
-                SMOLLM2_NAME,
                 "Tiny random SmolLM2 (2 layers, hidden 64, tied embeddings), real tokenizer; for tests.",
             ),
             _tiny_smollm2_config,
@@ -200,7 +198,6 @@ _TINY_MODELS: dict[str, tuple[ModelSpec, Callable[[], PretrainedConfig]]] = {
             _tiny_spec(
                 "tinker-cookbook/tiny-qwen3-vl",
                 "qwen3_vl",
-                "Qwen/Qwen3-VL-30B-A3B-Instruct",
                 "Tiny random Qwen3-VL (2 text + 2 vision layers) with the real Qwen3 tokenizer; for tests.",
             ),
             _tiny_qwen3_vl_config,
