@@ -317,3 +317,24 @@ def read_metrics(log_dir: str | Path) -> list[dict[str, Any]]:
                 continue
             raise
     return rows
+
+
+def truncate_metrics(log_dir: str | Path, keep_below_step: int) -> int:
+    """Drop the rows of ``metrics.jsonl`` whose ``step`` is ``>= keep_below_step``; returns how many were dropped.
+
+    A resumed run calls this before continuing from ``keep_below_step``: rows past the last checkpoint came from
+    the interrupted attempt and are recomputed, so the file ends up as if the run had never stopped.
+    """
+    path = Path(log_dir) / METRICS_FILE
+    if not path.exists():
+        return 0
+    rows = read_metrics(log_dir)
+    kept = [row for row in rows if not (isinstance(row.get("step"), int) and row["step"] >= keep_below_step)]
+    dropped = len(rows) - len(kept)
+    tmp = path.with_suffix(".jsonl.tmp")
+    with open(tmp, "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in kept)
+    os.replace(tmp, path)
+    if dropped:
+        logger.info("dropped %d metrics rows from step %d on (they are recomputed)", dropped, keep_below_step)
+    return dropped
