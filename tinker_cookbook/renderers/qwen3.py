@@ -115,23 +115,22 @@ class Qwen3Renderer(ChatMLRenderer):
         header = self.text_chunks(self.header_text(role, ctx))
         if role == "assistant":
             return RenderedMessage(header=header, output=self._assistant_output(message, ctx))
-        return RenderedMessage(header=header, output=[*self.content_chunks(message), self.text_chunk(IM_END)])
+        return RenderedMessage(header=header, output=self.content_chunks(message, after=IM_END))
 
-    def content_chunks(self, message: Message) -> list[Chunk]:
-        """The chunks of a user/system/tool message's content (text only here; the VL renderers add images)."""
-        return self.text_chunks(get_text_content(message))
+    def content_chunks(self, message: Message, before: str = "", after: str = "") -> list[Chunk]:
+        """A user/system/tool message's content between ``before`` and ``after`` (text only here; the VL
+        renderers add images). Adjacent text is tokenized as one piece, as in the template's string."""
+        return self.text_chunks(before + get_text_content(message) + after)
 
     def _render_tool_result(self, message: Message, ctx: RenderContext) -> RenderedMessage:
         prev_is_tool = ctx.prev_message is not None and ctx.prev_message["role"] == "tool"
         next_is_tool = ctx.next_message is not None and ctx.next_message["role"] == "tool"
         separator = "\n" if ctx.idx > 0 else ""
         header = [] if prev_is_tool else self.text_chunks(f"{separator}<|im_start|>user")
-        output = [
-            self.text_chunk("\n<tool_response>\n"),
-            *self.content_chunks(message),
-            self.text_chunk("\n</tool_response>" + ("" if next_is_tool else IM_END)),
-        ]
-        return RenderedMessage(header=header, output=output)
+        closing = "\n</tool_response>" + ("" if next_is_tool else IM_END)
+        return RenderedMessage(
+            header=header, output=self.content_chunks(message, "\n<tool_response>\n", closing)
+        )
 
     def split_thinking(self, message: Message) -> tuple[str | None, str]:
         """(reasoning or None, visible text), reading ``<think>`` tags out of string content like the template."""
@@ -286,21 +285,20 @@ class _VisionContent:
                     "user and tool messages"
                 )
 
-    def content_chunks(self, message: Message) -> list[Chunk]:
+    def content_chunks(self, message: Message, before: str = "", after: str = "") -> list[Chunk]:
+        # Text between images is joined into one string (the vision markers are special tokens, so splitting
+        # there is exact); each image becomes its own chunk.
         content = message["content"]
-        if isinstance(content, str):
-            return self.text_chunks(content)  # type: ignore[attr-defined]
-        chunks: list[Chunk] = []
-        for part in content:
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        segments: list[str | Chunk] = [before]
+        for part in parts:
             if part["type"] == "text":
-                chunks += self.text_chunks(part["text"])  # type: ignore[attr-defined,typeddict-item]
+                segments[-1] += part["text"]  # type: ignore[operator,typeddict-item]
             elif part["type"] == "image":
-                chunks += [
-                    self.text_chunk(VISION_START),  # type: ignore[attr-defined]
-                    self._image_chunk(part["image"]),  # type: ignore[typeddict-item]
-                    self.text_chunk(VISION_END),  # type: ignore[attr-defined]
-                ]
-        return chunks
+                segments[-1] += VISION_START  # type: ignore[operator]
+                segments += [self._image_chunk(part["image"]), VISION_END]  # type: ignore[typeddict-item]
+        segments[-1] += after  # type: ignore[operator]
+        return [self.text_chunk(s) if isinstance(s, str) else s for s in segments if s != ""]  # type: ignore[attr-defined]
 
     def _image_chunk(self, image: Any) -> Chunk:
         from tinker_cookbook.image_processing_utils import image_to_chunk
