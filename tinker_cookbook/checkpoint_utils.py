@@ -31,6 +31,7 @@ from typing import Any, Literal, Mapping, Sequence, TypeAlias
 
 from tinker_cookbook import tinker
 from tinker_cookbook.exceptions import CheckpointError, ConfigurationError
+from tinker_cookbook.utils.ml_log import remove_torn_tail
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ def append_checkpoint_record(log_path: str | Path, record: Mapping[str, Any]) ->
     """Append one row and force it to disk, so that a row, once written, survives a crash."""
     path = checkpoints_path(log_path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_torn_tail(path)
     line = json.dumps(dict(record)) + "\n"
     with open(path, "a") as f:
         f.write(line)
@@ -199,9 +201,10 @@ def check_config_compatible(
     except json.JSONDecodeError as exc:
         raise ConfigurationError(f"{path} is not valid JSON ({exc}); delete the log dir or fix the file") from exc
     diffs = [
-        f"{key}: {old[key]!r} (in the log dir) != {new_config.get(key)!r} (now)"
+        f"{path}: {a!r} (in the log dir) != {b!r} (now)"
         for key in keys
-        if key in old and old[key] != new_config.get(key)
+        if key in old
+        for path, a, b in _leaf_differences(key, old[key], new_config.get(key))
     ]
     if diffs:
         raise ConfigurationError(
@@ -209,6 +212,17 @@ def check_config_compatible(
             + "\n  ".join(diffs)
             + "\nUse another log_path, or behavior_if_log_dir_exists=delete to replace that run"
         )
+
+
+def _leaf_differences(path: str, old: Any, new: Any) -> list[tuple[str, Any, Any]]:
+    """``(dotted.path, old, new)`` for each leaf where two dumped configs differ."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [
+            diff
+            for key in sorted(set(old) | set(new))
+            for diff in _leaf_differences(f"{path}.{key}", old.get(key), new.get(key))
+        ]
+    return [] if old == new else [(path, old, new)]
 
 
 def renderer_user_metadata(renderer_name: str | None) -> dict[str, str]:

@@ -68,3 +68,10 @@ def test_config_compatibility(tmp_path):
     with pytest.raises(ConfigurationError, match="model_name: 'a' .* 'b'"):
         checkpoint_utils.check_config_compatible(tmp_path, {"model_name": "b", "lora_rank": 8}, ["model_name"])
     checkpoint_utils.check_config_compatible(tmp_path / "none", {"model_name": "b"}, ["model_name"])
+
+
+def test_appending_after_a_torn_row_removes_the_fragment(tmp_path):
+    path = tmp_path / "checkpoints.jsonl"
+    path.write_text('{"name": "a", "state_path": "p"}\n{"name": "b", "sta')
+    checkpoint_utils.save_checkpoint(_FakeClient(), "c", tmp_path, {"step": 3})
+    assert [row["name"] for row in checkpoint_utils.load_checkpoints_file(tmp_path)] == ["a", "c"]

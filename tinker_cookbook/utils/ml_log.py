@@ -127,6 +127,7 @@ class JsonLogger(Logger):
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.log_dir / METRICS_FILE
+        remove_torn_tail(self.metrics_path)
         # Line-buffered so that a killed run leaves every completed row on disk.
         self._file = open(self.metrics_path, "a", buffering=1)
 
@@ -297,6 +298,20 @@ def setup_logging(
     if os.environ.get("WANDB_MODE") == "offline" and wandb_project:
         logger.info("wandb is offline: sync later with `wandb sync %s/wandb/offline-run-*`", log_dir)
     return multiplexer
+
+
+def remove_torn_tail(path: str | Path) -> None:
+    """Cut a last line that lacks its newline (an append that was killed), so that the next appended row
+    starts on a line of its own instead of being glued to the fragment."""
+    path = Path(path)
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    data = path.read_bytes()
+    if data.endswith(b"\n"):
+        return
+    logger.warning("%s ends with an incomplete line (the process was killed while writing it); removing it", path)
+    with open(path, "r+b") as f:
+        f.truncate(data.rfind(b"\n") + 1)
 
 
 def read_metrics(log_dir: str | Path) -> list[dict[str, Any]]:
