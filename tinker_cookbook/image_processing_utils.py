@@ -66,9 +66,15 @@ def get_image_processor(model_name: str) -> ImageProcessor:
 
 
 def _from_huggingface(name: str) -> ImageProcessor | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    # Importing AutoImageProcessor alone takes seconds, so look in the cache (and at the network) first.
+    cached = isinstance(try_to_load_from_cache(name, "preprocessor_config.json"), str)
+    attempts = ([{"local_files_only": True}] if cached else []) + ([{}] if hub_is_reachable() else [])
+    if not attempts:
+        return None
     from transformers import AutoImageProcessor
 
-    attempts = [{"local_files_only": True}] + ([{}] if hub_is_reachable() else [])
     for kwargs in attempts:
         try:
             return AutoImageProcessor.from_pretrained(name, **kwargs)

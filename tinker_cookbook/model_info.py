@@ -59,6 +59,7 @@ def _attrs(
     *,
     is_vl: bool = False,
     is_test_model: bool = False,
+    architecture: Architecture | None = None,
 ) -> ModelAttributes:
     return ModelAttributes(
         organization=org,
@@ -67,7 +68,7 @@ def _attrs(
         is_chat=training_type != "base",
         recommended_renderers=renderers,
         is_vl=is_vl,
-        architecture="moe" if re.search(r"-A\d+B$", size) else "dense",
+        architecture=architecture or ("moe" if re.search(r"-A\d+B$", size) else "dense"),
         training_type=training_type,
         is_test_model=is_test_model,
     )
@@ -78,8 +79,8 @@ def _attrs(
 # implement them yet, and get_renderer says so.
 _GPT_OSS = ("gpt_oss_no_sysprompt", "gpt_oss_medium_reasoning")
 _EXPLICIT: dict[str, ModelAttributes] = {
-    "openai/gpt-oss-120b": _attrs("openai", "oss", "120B", "reasoning", _GPT_OSS),
-    "openai/gpt-oss-20b": _attrs("openai", "oss", "20B", "reasoning", _GPT_OSS),
+    "openai/gpt-oss-120b": _attrs("openai", "oss", "120B", "reasoning", _GPT_OSS, architecture="moe"),
+    "openai/gpt-oss-20b": _attrs("openai", "oss", "20B", "reasoning", _GPT_OSS, architecture="moe"),
     "deepseek-ai/DeepSeek-V3.1": _attrs(
         "deepseek-ai", "3.1", "671B-A37B", "hybrid", ("deepseekv3", "deepseekv3_thinking")
     ),

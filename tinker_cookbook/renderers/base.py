@@ -340,6 +340,16 @@ def assemble_model_input(chunks: Sequence[Chunk]) -> types.ModelInput:
     return types.ModelInput(chunks=merged)
 
 
+def as_train_on_what(value: TrainOnWhat | str) -> TrainOnWhat:
+    """``value`` as a TrainOnWhat; a RendererError listing the options for anything else."""
+    try:
+        return TrainOnWhat(value)
+    except ValueError:
+        raise RendererError(
+            f"train_on_what={value!r} is not one of {[t.value for t in TrainOnWhat]}"
+        ) from None
+
+
 def message_is_trained(
     train_on_what: TrainOnWhat, message: Message, idx: int, messages: Sequence[Message]
 ) -> bool:
@@ -552,7 +562,7 @@ class Renderer(abc.ABC):
         trained, everything its generation prompt supplies (such as a prefilled empty ``<think>`` block) is
         prompt and gets weight 0, so the trained part is exactly what the model would sample.
         """
-        train_on_what = TrainOnWhat(train_on_what)
+        train_on_what = as_train_on_what(train_on_what)
         msgs = self._prepared(messages, "build_supervised_example")
         chunks: list[Chunk] = []
         weights: list[float] = []
@@ -613,7 +623,7 @@ class Renderer(abc.ABC):
         """One example for the whole conversation when the renderer has the extension property; otherwise
         one example per trained assistant message (each rendered as the last message of its prefix, so it is
         trained on exactly the context it would be sampled in)."""
-        train_on_what = TrainOnWhat(train_on_what)
+        train_on_what = as_train_on_what(train_on_what)
         assistant_modes = (
             TrainOnWhat.LAST_ASSISTANT_MESSAGE,
             TrainOnWhat.LAST_ASSISTANT_TURN,
