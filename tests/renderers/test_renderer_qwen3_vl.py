@@ -173,3 +173,20 @@ def test_tiny_qwen3_vl_forward_pass_on_rendered_input(renderer: Qwen3VLRenderer)
         logits = model(**inputs).logits
     assert logits.shape == (1, model_input.length, 151936)
     assert torch.isfinite(logits).all()
+
+
+def test_openai_message_keeps_images(renderer: Qwen3VLRenderer) -> None:
+    data = _png(8, 8)
+    out = renderer.to_openai_message(
+        {"role": "user", "content": [{"type": "text", "text": "Look:"}, {"type": "image", "image": data}]}
+    )
+    assert out == {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "Look:"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(data).decode()}},
+        ],
+    }
+    url = "https://example.com/cat.png"
+    out = renderer.to_openai_message({"role": "user", "content": [{"type": "image", "image": url}]})
+    assert out["content"] == [{"type": "image_url", "image_url": {"url": url}}]

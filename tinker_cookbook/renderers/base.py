@@ -648,10 +648,14 @@ class Renderer(abc.ABC):
 
     # -- parsing helpers -------------------------------------------------------------------------------------
 
-    def end_of_sequence_ids(self) -> set[int]:
-        """Token ids that end a sequence without being this renderer's stop sequence."""
+    @functools.cached_property
+    def _end_of_sequence_ids(self) -> frozenset[int]:
         stops = {s for s in self.get_stop_sequences() if isinstance(s, int)}
-        return end_of_sequence_token_ids(self.tokenizer) - stops
+        return frozenset(end_of_sequence_token_ids(self.tokenizer) - stops)
+
+    def end_of_sequence_ids(self) -> frozenset[int]:
+        """Token ids that end a sequence without being this renderer's stop sequence (computed once)."""
+        return self._end_of_sequence_ids
 
     def split_at_stop_token(self, response: Sequence[int]) -> tuple[list[int], ParseTermination]:
         """The tokens before the stop token and how the response ended (for renderers with stop tokens).
@@ -691,8 +695,11 @@ def end_of_sequence_token_ids(tokenizer: Tokenizer) -> set[int]:
     ids: set[int] = set()
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
-    vocab = tokenizer.get_vocab()
-    ids.update(vocab[t] for t in _END_OF_SEQUENCE_TOKENS if t in vocab)
+    for token in _END_OF_SEQUENCE_TOKENS:
+        # A single-id encoding means the string is one (special) token of this vocabulary.
+        encoded = tokenizer.encode(token, add_special_tokens=False)
+        if len(encoded) == 1 and tokenizer.convert_ids_to_tokens(encoded[0]) == token:
+            ids.add(int(encoded[0]))
     return ids
 
 

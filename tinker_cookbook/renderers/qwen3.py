@@ -300,6 +300,29 @@ class _VisionContent:
         segments[-1] += after  # type: ignore[operator]
         return [self.text_chunk(s) if isinstance(s, str) else s for s in segments if s != ""]  # type: ignore[attr-defined]
 
+    def to_openai_message(self, message: Message) -> dict[str, Any]:
+        """As the base class, with image parts kept in an OpenAI content list (``image_url`` with a URL or data URI)."""
+        out = super().to_openai_message(message)  # type: ignore[misc]
+        content = message["content"]
+        if isinstance(content, str) or not any(part["type"] == "image" for part in content):
+            return out
+        from tinker_cookbook.image_processing_utils import image_to_data_uri
+
+        parts: list[dict[str, Any]] = []
+        for part in content:
+            if part["type"] == "text":
+                parts.append({"type": "text", "text": part["text"]})  # type: ignore[typeddict-item]
+            elif part["type"] == "image":
+                image = part["image"]  # type: ignore[typeddict-item]
+                url = (
+                    image
+                    if isinstance(image, str) and image.startswith(("http", "data:"))
+                    else image_to_data_uri(image)
+                )
+                parts.append({"type": "image_url", "image_url": {"url": url}})
+        out["content"] = parts
+        return out
+
     def _image_chunk(self, image: Any) -> Chunk:
         from tinker_cookbook.image_processing_utils import image_to_chunk
 
