@@ -105,9 +105,8 @@ def load_image_bytes(image: ImageSource) -> tuple[bytes, str]:
     elif isinstance(image, str) and image.startswith("data:"):
         data = base64.b64decode(image.split(",", 1)[1])
     elif isinstance(image, str) and image.startswith(("http://", "https://")):
-        with urllib.request.urlopen(image, timeout=_URL_TIMEOUT_S) as response:
-            data = response.read()
-    elif isinstance(image, (str, Path)) and Path(image).is_file():
+        data = _fetch(image)
+    elif isinstance(image, (str, Path)) and _is_file(image):
         data = Path(image).read_bytes()
     else:
         raise RendererError(
@@ -118,6 +117,23 @@ def load_image_bytes(image: ImageSource) -> tuple[bytes, str]:
     if kind is None:
         return _encode_png(Image.open(io.BytesIO(data))), "png"
     return data, kind
+
+
+def _fetch(url: str) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=_URL_TIMEOUT_S) as response:
+            return response.read()
+    except OSError as e:  # URLError and timeouts are OSErrors
+        raise RendererError(
+            f"could not download image {url!r}: {e}; pass the image as bytes, a file path or a PIL image instead"
+        ) from e
+
+
+def _is_file(path: str | Path) -> bool:
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):  # e.g. a name too long to be a path, or one with a NUL byte
+        return False
 
 
 def _sniff_format(data: bytes) -> str | None:

@@ -85,6 +85,11 @@ def test_image_sources_agree(renderer: Qwen3VLRenderer, tmp_path: Path) -> None:
         assert isinstance(image, types.ImageChunk) and image.expected_tokens == 72
     with pytest.raises(RendererError, match="ImagePart.image must be"):
         renderer.build_generation_prompt(_question(12345))
+    with pytest.raises(RendererError, match="ImagePart.image must be"):
+        renderer.build_generation_prompt(_question("x" * 5000))  # neither a URL nor an existing file
+    # Port 9 (discard) on localhost refuses at once: the download error names the URL and the alternatives.
+    with pytest.raises(RendererError, match=r"could not download image 'http://127.0.0.1:9/a.png'.*bytes"):
+        renderer.build_generation_prompt(_question("http://127.0.0.1:9/a.png"))
 
 
 def test_image_tokens_get_zero_weight(renderer: Qwen3VLRenderer) -> None:

@@ -280,3 +280,17 @@ def test_extension_property_flag_matches_behaviour(
     else:
         # Qwen3's template drops history framing (thinking, empty think blocks), so some step must break.
         assert not all(results)
+
+
+def test_generation_prompt_role_and_prefill(qwen3_tokenizer: Tokenizer, llama3_tokenizer: Tokenizer) -> None:
+    messages: list[Message] = [{"role": "user", "content": "Pick a number."}]
+    qwen = get_renderer("qwen3_instruct", qwen3_tokenizer)
+    prompt = qwen.build_generation_prompt(messages, prefill="My number is")
+    assert qwen3_tokenizer.decode(prompt.to_ints()).endswith("<|im_start|>assistant\nMy number is")
+    # Another role: e.g. to sample a simulated user.
+    as_user = qwen.build_generation_prompt([*messages, {"role": "assistant", "content": "7"}], role="user")
+    assert qwen3_tokenizer.decode(as_user.to_ints()).endswith("7<|im_end|>\n<|im_start|>user\n")
+    colon = get_renderer("role_colon", llama3_tokenizer)
+    assert llama3_tokenizer.decode(colon.build_generation_prompt(messages, prefill=" 4").to_ints()) == (
+        "<|begin_of_text|>User: Pick a number.\n\nAssistant: 4"
+    )
