@@ -155,7 +155,8 @@ def _from_huggingface(name: str, tried: list[str]) -> Tokenizer | None:
         return None
     try:
         return AutoTokenizer.from_pretrained(name)
-    except (OSError, ValueError, KeyError, ImportError) as e:  # gated, missing, unsupported, or a network error
+    # Gated, missing, unsupported by this transformers, or a network error: the packaged copy may still serve.
+    except (OSError, ValueError, KeyError, ImportError) as e:
         tried.append(f"Hugging Face Hub: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
         logger.info("Hub tokenizer for %s unavailable (%s); trying packaged tokenizers", name, e)
         return None

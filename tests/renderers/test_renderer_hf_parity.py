@@ -51,6 +51,7 @@ def test_qwen3_generation_prompt_matches_template(qwen3_tokenizer: Tokenizer, re
     template_kwargs = {"enable_thinking": False} if renderer_name == "qwen3_disable_thinking" else {}
     rng = random.Random(1234)
     compared = 0
+    seen: set[str] = set()
     for _ in range(N_CONVERSATIONS):
         conv = random_conversation(rng)
         for end in _cut_points(conv, ("user", "tool")):
@@ -60,7 +61,21 @@ def test_qwen3_generation_prompt_matches_template(qwen3_tokenizer: Tokenizer, re
             )
             assert renderer.build_generation_prompt(ours).to_ints() == expected, hf
             compared += 1
+            seen |= _features(hf, kwargs)
     assert compared > 3 * N_CONVERSATIONS
+    assert seen == {"tools", "system", "tool_calls", "reasoning", "inline_think", "grouped_results"}
+
+
+def _features(hf: list[dict[str, Any]], kwargs: dict[str, Any]) -> set[str]:
+    """Which template features a compared case exercised (so the random cases provably cover them all)."""
+    found = {"tools"} if kwargs.get("tools") else set()
+    for prev, m in zip([None, *hf], hf, strict=False):
+        found |= {"system"} if m["role"] == "system" else set()
+        found |= {"tool_calls"} if m.get("tool_calls") else set()
+        found |= {"reasoning"} if m.get("reasoning_content") else set()
+        found |= {"inline_think"} if "</think>" in m["content"] else set()
+        found |= {"grouped_results"} if prev and prev["role"] == m["role"] == "tool" else set()
+    return found
 
 
 @pytest.mark.parametrize("renderer_name", ["qwen3", "qwen3_disable_thinking"])

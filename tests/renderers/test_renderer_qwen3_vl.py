@@ -189,7 +189,10 @@ def test_openai_message_keeps_images(renderer: Qwen3VLRenderer) -> None:
         "role": "user",
         "content": [
             {"type": "text", "text": "Look:"},
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(data).decode()}},
+            {
+                "type": "image_url",
+                "image_url": {"url": "data:image/png;base64," + base64.b64encode(data).decode()},
+            },
         ],
     }
     url = "https://example.com/cat.png"
