@@ -12,7 +12,10 @@ Each message is rendered separately into a header (role framing) and an output (
 each tokenized on its own. That makes a prompt a token-for-token prefix of the longer conversations that
 continue it, which supervised weights, the extension property and KV-cache reuse all rely on. Renderers
 put the separator between messages at the start of the next header (``"\\n<|im_start|>user\\n"``) so that a
-message's output ends exactly at its stop token. The message types are re-exported here as well.
+message's output ends exactly at its stop token. The one cost: content that starts with a newline can
+tokenize differently from a chat template's single string at that header boundary (e.g. ``"\\n"`` + ``"\\nHi"``
+vs ``"\\n\\nHi"``). Qwen3 strips such newlines where it frames reasoning; elsewhere, keep content free of
+leading newlines for template-exact tokens. The message types are re-exported here as well.
 """
 
 from __future__ import annotations
