@@ -1,0 +1,548 @@
+"""Sampler engine: semantics against direct HF forwards on tiny random models with the real tokenizers."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from tinker_cookbook import assets
+from tinker_cookbook.engine import sampler_model
+from tinker_cookbook.engine.sampler import SamplerEngine, SamplingWeights, default_sampling_dtype
+from tinker_cookbook.tinker import types
+from tinker_cookbook.tinker.errors import BadRequestError, RequestFailedError, UnprocessableEntityError
+
+# Large init so that the tiny models' distributions are peaked enough for argmax/top-k comparisons to be stable.
+_INIT = 0.3
+
+
+def _tiny_qwen3(**overrides: Any) -> Qwen3ForCausalLM:
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=151936,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        initializer_range=_INIT,
+        **overrides,
+    )
+    return Qwen3ForCausalLM(config).eval()
+
+
+def _tiny_llama() -> LlamaForCausalLM:
+    torch.manual_seed(1)
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    config = LlamaConfig(
+        vocab_size=128256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        rope_parameters=rope,
+        max_position_embeddings=256,
+        initializer_range=_INIT,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def _weights(model: torch.nn.Module, dtype: torch.dtype = torch.float32) -> SamplingWeights:
+    return SamplingWeights.build(model.config, model.state_dict(), None, None, dtype)
+
+
+@pytest.fixture(scope="module")
+def qwen3() -> Qwen3ForCausalLM:
+    return _tiny_qwen3()
+
+
+@pytest.fixture(scope="module")
+def qwen3_weights(qwen3: Qwen3ForCausalLM) -> SamplingWeights:
+    return _weights(qwen3)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return AutoTokenizer.from_pretrained(assets.require(assets.qwen3_tokenizer_dir(), "the Qwen3 tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[SamplerEngine]:
+    with SamplerEngine(max_batch_sequences=64) as shared:
+        yield shared
+
+
+def _prompt(tokenizer: Any, text: str) -> types.ModelInput:
+    return types.ModelInput.from_ints(tokenizer.encode(text))
+
+
+def _hf_logprobs(model: torch.nn.Module, tokens: list[int], temperature: float = 1.0) -> torch.Tensor:
+    """Log-softmax of the model's (temperature-scaled) logits at every position of ``tokens``."""
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens])).logits[0].float()
+    return torch.log_softmax(logits / temperature, dim=-1)
+
+
+def _hf_greedy(model: torch.nn.Module, prompt: list[int], steps: int) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(steps):
+        tokens.append(int(_hf_logprobs(model, tokens)[-1].argmax()))
+    return tokens[len(prompt) :]
+
+
+def _sample(
+    engine: SamplerEngine,
+    weights: SamplingWeights,
+    tokenizer: Any,
+    prompt: types.ModelInput,
+    num_samples: int = 1,
+    **params: Any,
+) -> types.SampleResponse:
+    future = engine.submit(weights, tokenizer, prompt, num_samples, types.SamplingParams(**params))
+    return future.result(timeout=60)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The compact decoder reproduces HF
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [_tiny_qwen3, _tiny_llama], ids=["qwen3", "llama3-rope-tied"])
+def test_decoder_matches_hf_logits(make: Any) -> None:
+    model = make()
+    weights = _weights(model).decoder
+    prompts = [[5, 17, 300, 9, 44, 1000, 7], [12, 8, 100, 2000]]
+    result = sampler_model.prefill(weights, prompts, torch.float32)
+    spec = weights.spec
+    cache = torch.zeros(spec.num_layers, 2, 2, spec.num_kv_heads, 16, spec.head_dim)
+    for slot, kv in enumerate(result.kv):
+        cache[:, :, slot, :, : kv.shape[3]] = kv
+    step = sampler_model.logits(
+        weights, sampler_model.decode(weights, cache, torch.tensor([3, 4]), torch.tensor([7, 4]), 8)
+    )
+    for slot, (prompt, hidden) in enumerate(zip(prompts, result.hidden)):
+        with torch.no_grad():
+            reference = model(torch.tensor([prompt + [3 + slot]])).logits[0]
+        torch.testing.assert_close(sampler_model.logits(weights, hidden), reference[:-1], atol=1e-4, rtol=0)
+        torch.testing.assert_close(step[slot], reference[-1], atol=1e-4, rtol=0)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Semantics
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_greedy_equals_hf_argmax_while_batched(
+    engine: SamplerEngine, qwen3: Any, qwen3_weights: SamplingWeights, tokenizer: Any
+) -> None:
+    """Greedy requests of different prompt and output lengths run together (slots are reused) and match HF."""
+    texts = [
+        "The quick brown fox",
+        "Hello",
+        "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25",
+        "ok",
+    ]
+    lengths = [3, 45, 20, 9]
+    futures = [
+        engine.submit(
+            qwen3_weights,
+            tokenizer,
+            _prompt(tokenizer, text),
+            2,
+            types.SamplingParams(max_tokens=n, temperature=0.0),
+        )
+        for text, n in zip(texts, lengths)
+    ]
+    for text, n, future in zip(texts, lengths, futures):
+        response = future.result(timeout=60)
+        expected = _hf_greedy(qwen3, tokenizer.encode(text), n)
+        for sequence in response.sequences:
+            assert sequence.tokens == expected
+            assert sequence.stop_reason == "length"
+            # Greedy logprobs are reported under the unscaled distribution.
+            reference = _hf_logprobs(qwen3, tokenizer.encode(text) + expected)[
+                len(tokenizer.encode(text)) - 1 : -1
+            ]
+            picked = reference.gather(1, torch.tensor(expected)[:, None])[:, 0]
+            torch.testing.assert_close(torch.tensor(sequence.logprobs), picked, atol=1e-4, rtol=0)
+
+
+def test_seed_gives_same_tokens_alone_and_batched(
+    engine: SamplerEngine, qwen3_weights: SamplingWeights, tokenizer: Any
+) -> None:
+    prompt = _prompt(tokenizer, "Once upon a time")
+    alone = _sample(engine, qwen3_weights, tokenizer, prompt, 3, max_tokens=12, seed=1234)
+    others = [
+        engine.submit(
+            qwen3_weights,
+            tokenizer,
+            _prompt(tokenizer, f"other prompt {i}"),
+            2,
+            types.SamplingParams(max_tokens=20, seed=i),
+        )
+        for i in range(6)
+    ]
+    batched = engine.submit(
+        qwen3_weights, tokenizer, prompt, 3, types.SamplingParams(max_tokens=12, seed=1234)
+    )
+    again = batched.result(timeout=60)
+    for future in others:
+        future.result(timeout=60)
+    assert [s.tokens for s in again.sequences] == [s.tokens for s in alone.sequences]
+    for a, b in zip(again.sequences, alone.sequences):
+        assert a.logprobs is not None and b.logprobs is not None
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    # The samples of one request differ from each other, and another seed gives other tokens.
+    assert len({tuple(s.tokens) for s in alone.sequences}) == 3
+    other_seed = _sample(engine, qwen3_weights, tokenizer, prompt, 3, max_tokens=12, seed=99)
+    assert [s.tokens for s in other_seed.sequences] != [s.tokens for s in alone.sequences]
+
+
+def test_sampled_logprobs_follow_temperature(
+    engine: SamplerEngine, qwen3: Any, qwen3_weights: SamplingWeights, tokenizer: Any
+) -> None:
+    """Logprob of each sampled first token = log_softmax(z / T); pairwise differences scale as 1/T."""
+    prompt_tokens = tokenizer.encode("Sampling with temperature")
+    prompt = types.ModelInput.from_ints(prompt_tokens)
+    with torch.no_grad():
+        z = qwen3(torch.tensor([prompt_tokens])).logits[0, -1].float()
+    for temperature in (0.5, 2.0):
+        response = _sample(
+            engine, qwen3_weights, tokenizer, prompt, 16, max_tokens=1, seed=7, temperature=temperature
+        )
+        firsts = [(s.tokens[0], s.logprobs[0]) for s in response.sequences if s.logprobs]
+        expected = torch.log_softmax(z / temperature, dim=-1)
+        for token, logprob in firsts:
+            assert logprob == pytest.approx(expected[token].item(), abs=1e-4)
+        (a, lp_a), (b, lp_b) = max(firsts, key=lambda f: f[1]), min(firsts, key=lambda f: f[1])
+        assert a != b
+        assert lp_a - lp_b == pytest.approx((z[a] - z[b]).item() / temperature, abs=1e-4)
+
+
+def test_max_tokens_gives_length(
+    engine: SamplerEngine, qwen3_weights: SamplingWeights, tokenizer: Any
+) -> None:
+    response = _sample(
+        engine, qwen3_weights, tokenizer, _prompt(tokenizer, "Count:"), 2, max_tokens=5, seed=3
+    )
+    for sequence in response.sequences:
+        assert sequence.stop_reason == "length"
+        assert len(sequence.tokens) == 5 and sequence.logprobs is not None and len(sequence.logprobs) == 5
+        assert all(lp <= 0 for lp in sequence.logprobs)
+
+
+def test_stop_token_id_ends_sequence_and_is_kept(
+    engine: SamplerEngine, qwen3_weights: SamplingWeights, tokenizer: Any
+) -> None:
+    prompt = _prompt(tokenizer, "Stop tokens")
+    free = _sample(engine, qwen3_weights, tokenizer, prompt, max_tokens=16, seed=11).sequences[0].tokens
+    stop_id = free[4]
+    end = free.index(stop_id)
+    stopped = _sample(engine, qwen3_weights, tokenizer, prompt, max_tokens=16, seed=11, stop=[stop_id])
+    assert stopped.sequences[0].tokens == free[: end + 1]
+    assert stopped.sequences[0].stop_reason == "stop"
+
+
+def _spanning_stop(tokenizer: Any, tokens: list[int]) -> tuple[str, int]:
+    """A 2-char stop string made of the last char of one token and the first of the next, and where it ends."""
+    for i in range(1, len(tokens) - 1):
+        left, right = tokenizer.decode(tokens[i]), tokenizer.decode(tokens[i + 1])
+        if left and right and "\ufffd" not in left + right:
+            stop = left[-1] + right[0]
+            for end in range(len(tokens)):
+                if stop in tokenizer.decode(tokens[: end + 1]):
+                    return stop, end
+    raise AssertionError(f"no two adjacent printable tokens in {tokens}")
+
+
+def test_stop_string_spanning_tokens(
+    engine: SamplerEngine, qwen3_weights: SamplingWeights, tokenizer: Any
+) -> None:
+    prompt = _prompt(tokenizer, "A story about stop strings")
+    free = _sample(engine, qwen3_weights, tokenizer, prompt, max_tokens=24, seed=5).sequences[0].tokens
+    stop, end = _spanning_stop(tokenizer, free)
+    for stops in (stop, [stop, "never-appears-here"]):
+        sequence = _sample(
+            engine, qwen3_weights, tokenizer, prompt, max_tokens=24, seed=5, stop=stops
+        ).sequences[0]
+        assert sequence.tokens == free[: end + 1], stop
+        assert sequence.stop_reason == "stop"
+        assert stop in tokenizer.decode(sequence.tokens)
+        assert stop not in tokenizer.decode(sequence.tokens[:-1])
+
+
+def test_prompt_logprobs_and_topk_match_forward(
+    engine: SamplerEngine, qwen3: Any, qwen3_weights: SamplingWeights, tokenizer: Any
+) -> None:
+    tokens = tokenizer.encode("How many r's are in the word strawberry?")
+    future = engine.submit(
+        qwen3_weights,
+        tokenizer,
+        types.ModelInput.from_ints(tokens),
+        1,
+        types.SamplingParams(max_tokens=1),
+        include_prompt_logprobs=True,
+        topk_prompt_logprobs=5,
+    )
+    response = future.result(timeout=60)
+    reference = _hf_logprobs(qwen3, tokens)
+    assert response.prompt_logprobs is not None and response.topk_prompt_logprobs is not None
+    assert len(response.prompt_logprobs) == len(tokens) == len(response.topk_prompt_logprobs)
+    assert response.prompt_logprobs[0] is None and response.topk_prompt_logprobs[0] is None
+    for position in range(1, len(tokens)):
+        assert response.prompt_logprobs[position] == pytest.approx(
+            reference[position - 1, tokens[position]].item(), abs=1e-4
+        )
+        values, ids = reference[position - 1].topk(5)
+        ranked = response.topk_prompt_logprobs[position]
+        assert ranked is not None
+        assert [t for t, _ in ranked] == ids.tolist()
+        assert [v for _, v in ranked] == pytest.approx(values.tolist(), abs=1e-4)
+        assert [v for _, v in ranked] == sorted((v for _, v in ranked), reverse=True)
+
+
+def test_top_k_and_top_p(
+    engine: SamplerEngine, qwen3: Any, qwen3_weights: SamplingWeights, tokenizer: Any
+) -> None:
+    tokens = tokenizer.encode("Truncated sampling")
+    prompt = types.ModelInput.from_ints(tokens)
+    greedy = (
+        _sample(engine, qwen3_weights, tokenizer, prompt, max_tokens=6, temperature=0.0).sequences[0].tokens
+    )
+    for cut in ({"top_k": 1}, {"top_p": 1e-6}):
+        response = _sample(engine, qwen3_weights, tokenizer, prompt, 3, max_tokens=6, seed=2, **cut)
+        assert all(s.tokens == greedy for s in response.sequences), cut
+    top3 = set(_hf_logprobs(qwen3, tokens)[-1].topk(3).indices.tolist())
+    response = _sample(engine, qwen3_weights, tokenizer, prompt, 24, max_tokens=1, seed=4, top_k=3)
+    assert {s.tokens[0] for s in response.sequences} <= top3
+    probs = _hf_logprobs(qwen3, tokens)[-1].exp()
+    nucleus_size = int((probs.sort(descending=True).values.cumsum(0) < 0.5).sum()) + 1
+    nucleus = set(probs.topk(nucleus_size).indices.tolist())
+    response = _sample(engine, qwen3_weights, tokenizer, prompt, 24, max_tokens=1, seed=4, top_p=0.5)
+    assert {s.tokens[0] for s in response.sequences} <= nucleus
+
+
+def test_lora_fp32_logprobs_equal_peft_forward(engine: SamplerEngine, tokenizer: Any) -> None:
+    """A random adapter (incl. the unembedding of a tied model): sampled logprobs = peft forward logprobs."""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    model = _tiny_qwen3(tie_word_embeddings=True)
+    base_state = {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    lora = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        target_modules=[
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+            "lm_head",
+        ],
+    )
+    peft_model = get_peft_model(model, lora).eval()
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for name, parameter in peft_model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, 0.2)
+    adapter_state = get_peft_model_state_dict(peft_model)
+    assert "base_model.model.lm_head.lora_A.weight" in adapter_state
+    weights = SamplingWeights.build(model.config, base_state, adapter_state, lora.to_dict(), torch.float32)
+    prompt_tokens = tokenizer.encode("LoRA merged sampling")
+    response = _sample(
+        engine, weights, tokenizer, types.ModelInput.from_ints(prompt_tokens), 2, max_tokens=10, seed=8
+    )
+    for sequence in response.sequences:
+        reference = _hf_logprobs(peft_model, prompt_tokens + sequence.tokens)[len(prompt_tokens) - 1 : -1]
+        picked = reference.gather(1, torch.tensor(sequence.tokens)[:, None])[:, 0]
+        assert (torch.tensor(sequence.logprobs) - picked).abs().max() <= 1e-3
+    # The snapshot copied what it merged: the base state is untouched.
+    torch.testing.assert_close(
+        base_state["model.layers.0.self_attn.q_proj.weight"],
+        peft_model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight,
+    )
+
+
+def test_bf16_mode_stays_close_to_fp32(engine: SamplerEngine, qwen3: Any, tokenizer: Any) -> None:
+    weights = _weights(qwen3, torch.bfloat16)
+    prompt_tokens = tokenizer.encode("Lower precision")
+    response = _sample(
+        engine, weights, tokenizer, types.ModelInput.from_ints(prompt_tokens), 2, max_tokens=12, seed=9
+    )
+    for sequence in response.sequences:
+        reference = _hf_logprobs(qwen3, prompt_tokens + sequence.tokens)[len(prompt_tokens) - 1 : -1]
+        picked = reference.gather(1, torch.tensor(sequence.tokens)[:, None])[:, 0]
+        assert (torch.tensor(sequence.logprobs) - picked).abs().mean() < 0.1
+
+
+def test_concurrent_requests_are_batched(qwen3_weights: SamplingWeights, tokenizer: Any) -> None:
+    with SamplerEngine(max_batch_sequences=8) as fresh:
+        futures = [
+            fresh.submit(
+                qwen3_weights,
+                tokenizer,
+                _prompt(tokenizer, f"request number {i}"),
+                2,
+                types.SamplingParams(max_tokens=8, seed=i),
+            )
+            for i in range(10)
+        ]
+        # num_samples larger than the whole batch: its samples take turns in the slots.
+        wide = fresh.submit(
+            qwen3_weights,
+            tokenizer,
+            _prompt(tokenizer, "wide"),
+            12,
+            types.SamplingParams(max_tokens=4, seed=0),
+        )
+        responses = [f.result(timeout=60) for f in futures]
+        assert len(wide.result(timeout=60).sequences) == 12
+        stats = fresh.stats()
+    assert all(len(r.sequences) == 2 and all(len(s.tokens) == 8 for s in r.sequences) for r in responses)
+    assert stats.max_batch_sequences_seen == 8
+    assert stats.requests_completed == 11
+    assert stats.prompts_prefilled == 11 and stats.prefill_forwards < 11
+    # Each decode step advanced many sequences: far fewer steps than generated tokens.
+    assert stats.decode_steps < stats.tokens_generated / 4
+
+
+def test_compute_logprobs_request_needs_no_decode_step(
+    qwen3_weights: SamplingWeights, tokenizer: Any
+) -> None:
+    with SamplerEngine() as fresh:
+        response = fresh.submit(
+            qwen3_weights,
+            tokenizer,
+            _prompt(tokenizer, "just score me"),
+            1,
+            types.SamplingParams(max_tokens=1),
+            include_prompt_logprobs=True,
+        ).result(timeout=60)
+        assert fresh.stats().decode_steps == 0
+    assert response.prompt_logprobs is not None and response.prompt_logprobs[0] is None
+    assert all(isinstance(x, float) and x < 0 for x in response.prompt_logprobs[1:])
+    assert response.topk_prompt_logprobs is None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Bad input
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 10**6}, "max_tokens"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"temperature": math.nan}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"stop": ["ok", 3]}, "stop"),
+        ({"stop": [""]}, "stop"),
+        ({"stop": [10**7]}, "stop"),
+    ],
+)
+def test_bad_sampling_params_raise_naming_the_field(
+    engine: SamplerEngine, qwen3_weights: SamplingWeights, tokenizer: Any, params: dict, field: str
+) -> None:
+    # model_construct skips pydantic's own checks: the engine must catch what a mutated or unchecked object holds.
+    with pytest.raises(BadRequestError, match=field):
+        engine.submit(
+            qwen3_weights,
+            tokenizer,
+            _prompt(tokenizer, "hi"),
+            1,
+            types.SamplingParams.model_construct(**params),
+        )
+
+
+def test_bad_requests_raise_and_engine_keeps_serving(
+    engine: SamplerEngine, qwen3_weights: SamplingWeights, tokenizer: Any
+) -> None:
+    params = types.SamplingParams(max_tokens=2)
+    hi = _prompt(tokenizer, "hi")
+    with pytest.raises(BadRequestError, match="num_samples"):
+        engine.submit(qwen3_weights, tokenizer, hi, 0, params)
+    with pytest.raises(BadRequestError, match="empty"):
+        engine.submit(qwen3_weights, tokenizer, types.ModelInput.empty(), 1, params)
+    with pytest.raises(BadRequestError, match="vocabulary"):
+        engine.submit(qwen3_weights, tokenizer, types.ModelInput.from_ints([1, 151936]), 1, params)
+    with pytest.raises(BadRequestError, match="topk_prompt_logprobs"):
+        engine.submit(qwen3_weights, tokenizer, hi, 1, params, topk_prompt_logprobs=-1)
+    image = types.ModelInput(chunks=[types.ImageChunk(data=b"\x89PNG", format="png", expected_tokens=4)])
+    with pytest.raises(UnprocessableEntityError, match="text-only"):
+        engine.submit(qwen3_weights, tokenizer, image, 1, params)
+    assert len(_sample(engine, qwen3_weights, tokenizer, hi, max_tokens=2).sequences[0].tokens) == 2
+
+
+class _BrokenTokenizer:
+    eos_token_id = None
+
+    def decode(self, *args: Any, **kwargs: Any) -> str:
+        raise RuntimeError("cannot decode")
+
+
+def test_failure_inside_worker_fails_only_that_request(
+    engine: SamplerEngine, qwen3_weights: SamplingWeights, tokenizer: Any
+) -> None:
+    params = types.SamplingParams(max_tokens=6, stop=["zz"], seed=1)
+    bad = engine.submit(qwen3_weights, _BrokenTokenizer(), _prompt(tokenizer, "a"), 2, params)
+    good = engine.submit(qwen3_weights, tokenizer, _prompt(tokenizer, "b"), 2, params)
+    with pytest.raises(RequestFailedError, match="cannot decode"):
+        bad.result(timeout=60)
+    assert len(good.result(timeout=60).sequences) == 2
+
+
+def test_closed_engine_refuses_and_fails_pending(qwen3_weights: SamplingWeights, tokenizer: Any) -> None:
+    closing = SamplerEngine()
+    pending = closing.submit(
+        qwen3_weights, tokenizer, _prompt(tokenizer, "x"), 1, types.SamplingParams(max_tokens=400)
+    )
+    closing.close()
+    try:
+        pending.result(timeout=60)
+    except RequestFailedError:
+        pass  # closed before it finished
+    with pytest.raises(RequestFailedError, match="closed"):
+        closing.submit(
+            qwen3_weights, tokenizer, _prompt(tokenizer, "x"), 1, types.SamplingParams(max_tokens=1)
+        )
+    assert isinstance(pending, concurrent.futures.Future) and pending.done()
+
+
+def test_unsupported_architecture_is_refused() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=100))
+    with pytest.raises(BadRequestError, match="model_type='gpt2'"):
+        SamplingWeights.build(model.config, model.state_dict(), None, None, torch.float32)
+
+
+def test_default_dtype_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TINKER_COOKBOOK_SAMPLER_DTYPE", "fp32")
+    assert default_sampling_dtype() == torch.float32
+    monkeypatch.setenv("TINKER_COOKBOOK_SAMPLER_DTYPE", "bf16")
+    assert default_sampling_dtype() == torch.bfloat16
+    monkeypatch.setenv("TINKER_COOKBOOK_SAMPLER_DTYPE", "fp8")
+    with pytest.raises(BadRequestError, match="fp8"):
+        default_sampling_dtype()

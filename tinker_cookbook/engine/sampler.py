@@ -1,0 +1,519 @@
+"""The local sampling engine behind ``SamplingClient``: continuous batching over a compact decoder.
+
+Usage::
+
+    weights = SamplingWeights.build(config, base_state, adapter_state, adapter_config, default_sampling_dtype())
+    engine = SamplerEngine()
+    future = engine.submit(weights, tokenizer, prompt, num_samples=4, params=types.SamplingParams(max_tokens=64))
+    response = future.result()  # types.SampleResponse
+
+How requests run (one background worker thread):
+
+- ``submit`` validates synchronously (``BadRequestError`` naming the field) and queues the request.
+- Between two decode steps the worker prefills newly arrived prompts, several packed into one forward with no
+  padding. A prompt is prefilled once; its K/V are copied into a cache slot for each of its ``num_samples``.
+- Every decode step advances all active sequences of a weights snapshot together; finished sequences leave the
+  batch at once (their slot is refilled by the last sequence), new ones join at the next step.
+
+Semantics (the Tinker docs are the spec):
+
+- ``seed``: same seed and inputs give the same tokens whatever else is batched alongside. Each sample draws its
+  uniforms from its own generator and tokens are picked by inverse CDF; batch composition can only change the
+  fp rounding of the logits, which flips a draw only when a uniform lands within ~1e-7 of a CDF boundary.
+- ``temperature=0`` is greedy; logprobs are then reported under the unscaled (temperature 1) distribution.
+  Otherwise the logprob of each sampled token is under the temperature-scaled distribution, before the top-k /
+  top-p cut (the draw itself is restricted to the kept tokens).
+- ``stop``: token ids, or strings searched in the decoded generated text (a string may span tokens). The token that
+  completes a stop is kept in ``tokens``. Sampling also stops at the tokenizer's EOS token. ``stop_reason`` is
+  ``"stop"`` then, ``"length"`` when ``max_tokens`` is reached.
+- ``max_tokens=None`` means ``min(DEFAULT_MAX_TOKENS, context window - prompt length)``.
+- ``include_prompt_logprobs``: one value per prompt token, the first ``None``; ``topk_prompt_logprobs=k``: per prompt
+  position (the first ``None``) the k most likely ``(token_id, logprob)`` pairs, most likely first.
+- Image chunks are refused with an ``UnprocessableEntityError`` (a ``BadRequestError``): text-only models cannot
+  take them, and image sampling for Qwen3-VL is not implemented yet (text prompts to Qwen3-VL work).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import os
+import random
+import secrets
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Self
+
+import torch
+import transformers
+
+from tinker_cookbook.engine import sampler_model
+from tinker_cookbook.engine.sampler_batch import KVPool, Sequence, finish_reason, select_tokens
+from tinker_cookbook.engine.sampler_requests import (
+    DEFAULT_MAX_TOKENS,
+    ModelLimits,
+    SampleRequest,
+    validate_request,
+)
+from tinker_cookbook.tinker import types
+from tinker_cookbook.tinker.errors import BadRequestError, RequestFailedError
+
+__all__ = ["DEFAULT_MAX_TOKENS", "SamplerEngine", "SamplerStats", "SamplingWeights", "default_sampling_dtype"]
+
+DTYPE_ENV = "TINKER_COOKBOOK_SAMPLER_DTYPE"
+_DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+}
+# Prompt tokens packed into one prefill forward; more waits for the next step (bounds activation memory).
+_PREFILL_TOKEN_BUDGET = 4096
+# Prompt positions scored per unembedding matmul when prompt logprobs are asked for (bounds [rows, vocab] memory).
+_SCORE_CHUNK = 256
+
+
+def default_sampling_dtype() -> torch.dtype:
+    """The sampler's default precision: bf16, or what ``$TINKER_COOKBOOK_SAMPLER_DTYPE`` (fp32|bf16) says.
+
+    bf16 decodes several times faster on CPUs with bf16 matmul units; its sampled-token logprobs differ from an
+    fp32 learner's by about 0.02 on average on SmolLM2-135M (see bench/bench_sampling.py), which the importance-
+    sampling losses correct. Choose fp32 when sampler and learner logprobs must agree to 1e-3.
+    """
+    value = os.environ.get(DTYPE_ENV, "").strip().lower()
+    if not value:
+        return torch.bfloat16
+    if value not in _DTYPES:
+        raise BadRequestError(f"${DTYPE_ENV}={value!r} is not a sampler dtype; use one of fp32, bf16")
+    return _DTYPES[value]
+
+
+@dataclass(frozen=True)
+class SamplingWeights:
+    """Immutable weights of one model snapshot for sampling (base + optional LoRA, merged once)."""
+
+    decoder: sampler_model.DecoderWeights
+    limits: ModelLimits
+
+    @classmethod
+    def build(
+        cls,
+        config: transformers.PretrainedConfig,
+        base_state: Mapping[str, torch.Tensor],
+        adapter_state: Mapping[str, torch.Tensor] | None,
+        adapter_config: Mapping[str, Any] | None,
+        dtype: torch.dtype,
+    ) -> SamplingWeights:
+        """Fuse an HF state dict into sampler weights of ``dtype``, merging a PEFT LoRA adapter if given.
+
+        ``base_state`` holds plain HF keys and is only read (merged tensors are new copies). ``adapter_state`` holds
+        PEFT saved-format keys; the merge is ``W + lora_alpha / r * B @ A`` (``/ sqrt(r)`` with rsLoRA).
+        """
+        decoder = sampler_model.build_decoder_weights(
+            config, base_state, adapter_state, adapter_config, dtype
+        )
+        spec = decoder.spec
+        limits = ModelLimits(
+            vocab_size=spec.vocab_size,
+            context_window=spec.max_positions,
+            model_type=spec.model_type,
+            accepts_images=spec.model_type.startswith("qwen3_vl") and spec.model_type != "qwen3_vl_text",
+        )
+        return cls(decoder=decoder, limits=limits)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.decoder.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return self.limits.vocab_size
+
+    @property
+    def context_window(self) -> int:
+        return self.limits.context_window
+
+
+@dataclass
+class SamplerStats:
+    """Counters of one engine (a snapshot copy)."""
+
+    requests_completed: int = 0
+    requests_failed: int = 0
+    sequences_completed: int = 0
+    tokens_generated: int = 0
+    decode_steps: int = 0
+    prefill_forwards: int = 0
+    prompts_prefilled: int = 0
+    prefill_tokens: int = 0
+    max_batch_sequences_seen: int = 0
+    """The most sequences advanced by a single decode step: > 1 shows that requests were batched together."""
+
+    max_prompts_per_prefill: int = 0
+
+
+class _Request:
+    """A request in flight: its validated fields, its samples so far, its future."""
+
+    def __init__(self, weights: SamplingWeights, tokenizer: Any, spec: SampleRequest):
+        self.weights = weights
+        self.tokenizer = tokenizer
+        self.spec = spec
+        self.future: concurrent.futures.Future[types.SampleResponse] = concurrent.futures.Future()
+        self.results: list[types.SampledSequence | None] = [None] * spec.num_samples
+        self.remaining = spec.num_samples
+        self.unplaced = 0
+        self.kv: torch.Tensor | None = None
+        self.prompt_logprobs: list[float | None] | None = None
+        self.topk_prompt_logprobs: list[list[tuple[int, float]] | None] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.future.done()
+
+    def sample_rngs(self) -> list[random.Random]:
+        """One generator per sample; seeded requests derive them from the seed alone (reproducible)."""
+        seed = self.spec.seed
+        source = random.Random(f"tinker-cookbook-sampler:{seed}") if seed is not None else None
+        bits = [
+            source.getrandbits(64) if source else secrets.randbits(64) for _ in range(self.spec.num_samples)
+        ]
+        return [random.Random(b) for b in bits]
+
+
+class _Batch:
+    """Requests and sequences of one weights snapshot."""
+
+    def __init__(self, weights: SamplingWeights):
+        self.weights = weights
+        self.pool = KVPool(weights.decoder.spec, weights.dtype, weights.decoder.device)
+        self.waiting: collections.deque[_Request] = collections.deque()
+        self.ready: collections.deque[Sequence] = collections.deque()
+        self.active: list[Sequence] = []
+
+    @property
+    def idle(self) -> bool:
+        return not (self.waiting or self.ready or self.active)
+
+
+class SamplerEngine:
+    """Serves sample requests for any number of weight snapshots from one background worker thread."""
+
+    def __init__(self, *, max_batch_sequences: int = 256, prefill_token_budget: int = _PREFILL_TOKEN_BUDGET):
+        if max_batch_sequences < 1:
+            raise BadRequestError(f"max_batch_sequences must be >= 1, got {max_batch_sequences}")
+        self.max_batch_sequences = max_batch_sequences
+        self.prefill_token_budget = prefill_token_budget
+        self._cond = threading.Condition()
+        self._incoming: list[_Request] = []
+        self._closed = False
+        self._stats = SamplerStats()
+        self._batches: dict[int, _Batch] = {}
+        self._thread = threading.Thread(target=self._run, name="tinker-sampler", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Public API
+    # ---------------------------------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        weights: SamplingWeights,
+        tokenizer: Any,
+        prompt: types.ModelInput,
+        num_samples: int,
+        params: types.SamplingParams,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+    ) -> concurrent.futures.Future[types.SampleResponse]:
+        """Queue a request; bad input raises ``BadRequestError`` here, before anything is queued."""
+        if not isinstance(weights, SamplingWeights):
+            raise BadRequestError(f"weights must be SamplingWeights, got {type(weights).__name__}")
+        spec = validate_request(
+            weights.limits,
+            tokenizer,
+            prompt,
+            num_samples,
+            params,
+            include_prompt_logprobs,
+            topk_prompt_logprobs,
+        )
+        request = _Request(weights, tokenizer, spec)
+        with self._cond:
+            if self._closed:
+                raise RequestFailedError("the sampler engine is closed; create a new one")
+            self._incoming.append(request)
+            self._cond.notify()
+        return request.future
+
+    def stats(self) -> SamplerStats:
+        return replace(self._stats)
+
+    def close(self) -> None:
+        """Stop the worker; requests still pending fail with ``RequestFailedError``."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Worker
+    # ---------------------------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._cond:
+                    while not self._closed and not self._incoming and not self._batches:
+                        self._cond.wait()
+                    if self._closed:
+                        break
+                    incoming, self._incoming = self._incoming, []
+                for request in incoming:
+                    key = id(request.weights)
+                    if key not in self._batches:
+                        self._batches[key] = _Batch(request.weights)
+                    self._batches[key].waiting.append(request)
+                for key, batch in list(self._batches.items()):
+                    self._step(batch)
+                    if batch.idle:
+                        batch.pool.release()
+                        del self._batches[key]
+        self._fail_everything(RequestFailedError("the sampler engine was closed before the request finished"))
+
+    def _step(self, batch: _Batch) -> None:
+        self._admit(batch)
+        self._place(batch)
+        if batch.active:
+            self._decode(batch)
+
+    def _admit(self, batch: _Batch) -> None:
+        """Prefill waiting prompts while their samples fit in the batch (packed, within the token budget)."""
+        room = self.max_batch_sequences - len(batch.active) - len(batch.ready)
+        chosen: list[_Request] = []
+        tokens = 0
+        while batch.waiting and room > 0:
+            request = batch.waiting[0]
+            if chosen and tokens + len(request.spec.prompt) > self.prefill_token_budget:
+                break
+            batch.waiting.popleft()
+            if request.done:  # cancelled by its caller
+                continue
+            chosen.append(request)
+            tokens += len(request.spec.prompt)
+            room -= request.spec.num_samples
+        if chosen:
+            self._prefill(batch, chosen)
+
+    def _prefill(self, batch: _Batch, requests: list[_Request]) -> None:
+        decoder = batch.weights.decoder
+        try:
+            result = sampler_model.prefill(decoder, [r.spec.prompt for r in requests], batch.pool.dtype)
+        except Exception as error:  # noqa: BLE001 - isolate the request that breaks the forward
+            if len(requests) == 1:
+                self._fail(requests[0], error)
+            else:
+                for request in requests:
+                    self._prefill(batch, [request])
+            return
+        stats = self._stats
+        stats.prefill_forwards += 1
+        stats.prompts_prefilled += len(requests)
+        stats.prefill_tokens += sum(len(r.spec.prompt) for r in requests)
+        stats.max_prompts_per_prefill = max(stats.max_prompts_per_prefill, len(requests))
+        for request, kv, hidden in zip(requests, result.kv, result.hidden):
+            try:
+                self._start(batch, request, kv, hidden)
+            except Exception as error:  # noqa: BLE001 - one request's failure must not stop the others
+                self._fail(request, error)
+
+    def _start(self, batch: _Batch, request: _Request, kv: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Score the prompt if asked, draw every sample's first token, queue the unfinished samples for slots."""
+        spec = request.spec
+        decoder = batch.weights.decoder
+        if spec.include_prompt_logprobs or spec.topk_prompt_logprobs:
+            scored, topk = _score_prompt(decoder, hidden, spec.prompt, spec.topk_prompt_logprobs)
+            request.prompt_logprobs = scored if spec.include_prompt_logprobs else None
+            request.topk_prompt_logprobs = topk
+        last = sampler_model.logits(decoder, hidden[-1:]).expand(spec.num_samples, -1)
+        sequences = [
+            Sequence(
+                request=request,
+                index=index,
+                params=spec.row,
+                rng=rng,
+                max_tokens=spec.max_tokens,
+                stop_token_ids=spec.stop_token_ids,
+                stop_strings=spec.stop_strings,
+                prompt_len=len(spec.prompt),
+            )
+            for index, rng in enumerate(request.sample_rngs())
+        ]
+        tokens, logprobs = select_tokens(
+            last, [s.params for s in sequences], [s.next_uniform() for s in sequences]
+        )
+        for sequence, token, logprob in zip(sequences, tokens, logprobs):
+            if not self._advance(sequence, token, logprob):
+                batch.ready.append(sequence)
+                request.unplaced += 1
+        if request.unplaced:
+            request.kv = kv
+
+    def _place(self, batch: _Batch) -> None:
+        """Give ready sequences cache slots, copying their prompt's K/V."""
+        cached = max((s.cached for s in batch.active), default=0)
+        while batch.ready and len(batch.active) < self.max_batch_sequences:
+            sequence = batch.ready.popleft()
+            request = sequence.request
+            request.unplaced -= 1
+            if not request.done:
+                assert request.kv is not None
+                slot = len(batch.active)
+                batch.pool.ensure(
+                    slot + 1, max(cached, sequence.cached) + 1, used_slots=slot, used_length=cached
+                )
+                batch.pool.load(slot, request.kv)
+                batch.active.append(sequence)
+                cached = max(cached, sequence.cached)
+            if request.unplaced == 0:
+                request.kv = None
+
+    def _decode(self, batch: _Batch) -> None:
+        """Advance every active sequence of ``batch`` by one token."""
+        active = batch.active
+        decoder = batch.weights.decoder
+        positions = [s.cached for s in active]
+        attend = max(positions) + 1
+        batch.pool.ensure(len(active), attend, used_slots=len(active), used_length=attend - 1)
+        try:
+            device = decoder.device
+            hidden = sampler_model.decode(
+                decoder,
+                batch.pool.cache,  # type: ignore[arg-type]
+                torch.tensor([s.tokens[-1] for s in active], device=device),
+                torch.tensor(positions, device=device),
+                attend,
+            )
+            logits = sampler_model.logits(decoder, hidden)
+            tokens, logprobs = select_tokens(
+                logits, [s.params for s in active], [s.next_uniform() for s in active]
+            )
+        except Exception as error:  # noqa: BLE001 - the step failed for all its sequences; others keep going
+            for sequence in active:
+                self._fail(sequence.request, error)
+            batch.active = []
+            batch.pool.release()
+            return
+        self._stats.decode_steps += 1
+        self._stats.max_batch_sequences_seen = max(self._stats.max_batch_sequences_seen, len(active))
+        leaving = [
+            slot
+            for slot, (sequence, token, logprob) in enumerate(zip(active, tokens, logprobs))
+            if sequence.request.done or self._advance(sequence, token, logprob)
+        ]
+        self._compact(batch, leaving)
+
+    def _advance(self, sequence: Sequence, token: int, logprob: float) -> bool:
+        """Append a sampled token; finish the sequence (and maybe its request) if it must stop. True when ended."""
+        request = sequence.request
+        sequence.tokens.append(token)
+        sequence.logprobs.append(logprob)
+        self._stats.tokens_generated += 1
+        try:
+            reason = finish_reason(sequence, request.tokenizer)
+        except Exception as error:  # noqa: BLE001 - e.g. a tokenizer that cannot decode: fail this request only
+            self._fail(request, error)
+            return True
+        if reason is None:
+            return False
+        request.results[sequence.index] = types.SampledSequence(
+            stop_reason=reason, tokens=sequence.tokens, logprobs=sequence.logprobs
+        )
+        request.remaining -= 1
+        self._stats.sequences_completed += 1
+        if request.remaining == 0 and not request.done:
+            response = types.SampleResponse(
+                sequences=request.results,  # type: ignore[arg-type]
+                prompt_logprobs=request.prompt_logprobs,
+                topk_prompt_logprobs=request.topk_prompt_logprobs,
+            )
+            self._stats.requests_completed += 1
+            _settle(request.future, result=response)
+        return True
+
+    def _compact(self, batch: _Batch, leaving: list[int]) -> None:
+        """Drop finished slots, moving the last active sequence into each hole (descending, so moves are safe)."""
+        active = batch.active
+        for slot in sorted(leaving, reverse=True):
+            last = len(active) - 1
+            if slot != last:
+                batch.pool.move(last, slot, active[last].cached)
+                active[slot] = active[last]
+            active.pop()
+
+    def _fail(self, request: _Request, error: BaseException) -> None:
+        if request.done:
+            return
+        self._stats.requests_failed += 1
+        if not isinstance(error, RequestFailedError):
+            wrapped = RequestFailedError(f"sampling failed: {type(error).__name__}: {error}")
+            wrapped.__cause__ = error
+            error = wrapped
+        _settle(request.future, error=error)
+
+    def _fail_everything(self, error: RequestFailedError) -> None:
+        with self._cond:
+            pending = list(self._incoming)
+            self._incoming = []
+        for batch in self._batches.values():
+            pending += (
+                list(batch.waiting) + [s.request for s in batch.ready] + [s.request for s in batch.active]
+            )
+            batch.pool.release()
+        self._batches.clear()
+        for request in pending:
+            self._fail(request, error)
+
+
+def _settle(
+    future: concurrent.futures.Future[types.SampleResponse],
+    *,
+    result: types.SampleResponse | None = None,
+    error: BaseException | None = None,
+) -> None:
+    """Resolve a future unless its caller cancelled it meanwhile."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+def _score_prompt(
+    decoder: sampler_model.DecoderWeights, hidden: torch.Tensor, prompt: list[int], topk: int
+) -> tuple[list[float | None], list[list[tuple[int, float]] | None] | None]:
+    """Logprob of each prompt token given the ones before (first None), and optionally the top-k at each position."""
+    scored: list[float | None] = [None]
+    ranked: list[list[tuple[int, float]] | None] | None = [None] if topk else None
+    targets = torch.tensor(prompt[1:], device=hidden.device)
+    for start in range(0, len(prompt) - 1, _SCORE_CHUNK):
+        end = min(start + _SCORE_CHUNK, len(prompt) - 1)
+        chunk_targets = targets[start:end, None]
+        logprobs = torch.log_softmax(
+            sampler_model.logits(decoder, hidden[start:end], also=chunk_targets), dim=-1
+        )
+        scored += logprobs.gather(1, chunk_targets)[:, 0].tolist()
+        if ranked is not None:
+            values, indices = logprobs.topk(topk, dim=-1)
+            ranked += [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
+    return scored, ranked

@@ -1,0 +1,225 @@
+"""The per-snapshot decode batch of the sampler: K/V slot pool, token selection, stop detection.
+
+Sequences of one weights snapshot share a slot-major K/V cache ``[layers, 2, slots, nkv, capacity, hd]``. Active
+sequences always occupy slots ``0..n-1``: a finished sequence's slot is refilled by moving the last active sequence
+into it, so a decode step never computes rows for finished sequences and never gathers the cache.
+
+Token selection is batched over rows with per-row temperature / top-k / top-p and draws by inverse CDF from one
+uniform number per row per step. The uniforms come from each sequence's own seeded generator, so a sequence's
+tokens do not depend on which other sequences share its batch.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tinker_cookbook.engine.sampler_model import DecoderSpec
+
+# Top-p first looks for the nucleus among this many most likely tokens and sorts the full vocabulary only for rows
+# whose nucleus is wider (rare: flat distributions with top_p close to 1).
+_NUCLEUS_CANDIDATES = 1024
+
+
+@dataclass(frozen=True)
+class RowParams:
+    """Sampling parameters of one sequence, already validated."""
+
+    temperature: float
+    top_k: int
+    """0 means no limit."""
+
+    top_p: float
+
+
+@dataclass
+class Sequence:
+    """One sample being generated."""
+
+    request: Any
+    """The owning request (opaque to this module)."""
+
+    index: int
+    """Which of the request's samples this is."""
+
+    params: RowParams
+    rng: random.Random
+    max_tokens: int
+    stop_token_ids: frozenset[int]
+    stop_strings: tuple[str, ...]
+    prompt_len: int
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    stop_reason: str | None = None
+
+    @property
+    def cached(self) -> int:
+        """Tokens whose K/V are in the cache: the prompt and every generated token but the last."""
+        return self.prompt_len + len(self.tokens) - 1
+
+    def next_uniform(self) -> float:
+        return self.rng.random()
+
+
+class KVPool:
+    """Slot-major K/V cache of one snapshot's decode batch, grown on demand."""
+
+    def __init__(self, spec: DecoderSpec, dtype: torch.dtype, device: torch.device):
+        self.spec = spec
+        self.dtype = dtype
+        self.device = device
+        self.cache: torch.Tensor | None = None
+
+    @property
+    def slots(self) -> int:
+        return 0 if self.cache is None else self.cache.shape[2]
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.cache is None else self.cache.shape[4]
+
+    def ensure(self, slots: int, length: int, *, used_slots: int, used_length: int) -> None:
+        """Make room for ``slots`` sequences of up to ``length`` positions, keeping the used region."""
+        if slots <= self.slots and length <= self.capacity:
+            return
+        # Grow geometrically so that a batch that slowly lengthens reallocates O(log n) times.
+        new_slots = max(slots, min(2 * self.slots, slots + 64)) if slots > self.slots else self.slots
+        new_length = max(length, int(1.5 * self.capacity)) if length > self.capacity else self.capacity
+        new_length = min(-(-new_length // 64) * 64, self.spec.max_positions)
+        spec = self.spec
+        cache = torch.empty(
+            spec.num_layers,
+            2,
+            new_slots,
+            spec.num_kv_heads,
+            new_length,
+            spec.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        if self.cache is not None:
+            keep_slots, keep_length = min(used_slots, self.slots), min(used_length, self.capacity)
+            cache[:, :, :keep_slots, :, :keep_length] = self.cache[:, :, :keep_slots, :, :keep_length]
+        self.cache = cache
+
+    def load(self, slot: int, kv: torch.Tensor) -> None:
+        """Copy a prompt's K/V ``[layers, 2, nkv, len, hd]`` into ``slot``."""
+        assert self.cache is not None
+        self.cache[:, :, slot, :, : kv.shape[3]] = kv
+
+    def move(self, source: int, target: int, length: int) -> None:
+        assert self.cache is not None
+        self.cache[:, :, target, :, :length] = self.cache[:, :, source, :, :length]
+
+    def release(self) -> None:
+        self.cache = None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Token selection
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw of one index per row of (unnormalised) ``probs``."""
+    cdf = probs.cumsum(-1)
+    target = uniforms.to(cdf.dtype)[:, None] * cdf[:, -1:]
+    index = torch.searchsorted(cdf, target, right=True)[:, 0]
+    return index.clamp_(max=probs.shape[-1] - 1)
+
+
+def _truncated_draw(
+    scaled: torch.Tensor, lse: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor
+) -> torch.Tensor:
+    """Draw from the top-k / nucleus of each row of ``scaled`` logits (rows with top_k 0 are unlimited)."""
+    vocab = scaled.shape[-1]
+    limit = torch.where(top_k > 0, top_k, vocab)
+    needs_nucleus = top_p < 1.0
+    width = int(limit.max())
+    if bool(needs_nucleus.any()):
+        width = min(width, _NUCLEUS_CANDIDATES)
+    width = min(width, vocab)
+    values, indices = scaled.topk(width, dim=-1)
+    probs = torch.exp(values - lse[:, None])
+    # Rows whose nucleus may reach past the candidates: top_p not reached within them and no top_k cut before.
+    short = needs_nucleus & (probs.sum(-1) < top_p) & (limit > width)
+    if bool(short.any()):
+        values, indices = scaled.sort(dim=-1, descending=True)
+        probs = torch.exp(values - lse[:, None])
+        width = vocab
+    rank = torch.arange(width, device=scaled.device)[None, :]
+    keep = rank < limit[:, None]
+    before = probs.cumsum(-1) - probs
+    # A token stays in the nucleus while the mass before it is below top_p (the most likely token always stays).
+    keep &= before < top_p[:, None]
+    keep[:, 0] = True
+    choice = _draw(probs * keep, uniforms)
+    return indices.gather(1, choice[:, None])[:, 0]
+
+
+def select_tokens(
+    logits: torch.Tensor, params: list[RowParams], uniforms: list[float]
+) -> tuple[list[int], list[float]]:
+    """Pick one token per row; return the tokens and their logprobs under the temperature-scaled distribution.
+
+    Temperature 0 is greedy (argmax) and reports the logprob under the unscaled (temperature 1) distribution.
+    With top-k / top-p the draw is restricted to the kept tokens, and the logprob reported is still the one of the
+    full temperature-scaled distribution (the quantity the docs define).
+    """
+    device = logits.device
+    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
+    greedy = temperature == 0
+    if bool((temperature == 1.0).all()):
+        scaled = logits
+    else:
+        scaled = logits / torch.where(greedy, 1.0, temperature)[:, None]
+    lse = torch.logsumexp(scaled, dim=-1)
+    u = torch.tensor(uniforms, dtype=torch.float64, device=device)
+    truncated = [p.temperature > 0 and (p.top_k > 0 or p.top_p < 1.0) for p in params]
+    if not any(truncated) and not bool(greedy.any()):
+        tokens = _draw(torch.exp(scaled - lse[:, None]), u)
+    else:
+        tokens = scaled.argmax(dim=-1)
+        plain = ~greedy & ~torch.tensor(truncated, device=device)
+        if bool(plain.any()):
+            rows = plain.nonzero()[:, 0]
+            tokens[rows] = _draw(torch.exp(scaled[rows] - lse[rows, None]), u[rows])
+        if any(truncated):
+            rows = torch.tensor([i for i, t in enumerate(truncated) if t], device=device)
+            top_k = torch.tensor([params[i].top_k for i in rows.tolist()], device=device)
+            top_p = torch.tensor([params[i].top_p for i in rows.tolist()], dtype=torch.float32, device=device)
+            tokens[rows] = _truncated_draw(scaled[rows], lse[rows], top_k, top_p, u[rows])
+    logprobs = scaled.gather(1, tokens[:, None])[:, 0] - lse
+    return tokens.tolist(), logprobs.tolist()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Stops
+# --------------------------------------------------------------------------------------------------------------
+
+
+def stop_window(stop_strings: tuple[str, ...]) -> int:
+    """How many trailing tokens always cover a stop string: a token holds at least one byte, a char at most 4."""
+    return 4 * max((len(s) for s in stop_strings), default=0) + 2
+
+
+def finish_reason(sequence: Sequence, tokenizer: Any) -> str | None:
+    """``"stop"``/``"length"`` when ``sequence`` must end after its latest token, else None.
+
+    Stop strings are searched in the decoded text of the latest generated tokens (never the prompt), so a stop
+    string split over several tokens is found at the token that completes it; that token is kept.
+    """
+    token = sequence.tokens[-1]
+    if token in sequence.stop_token_ids:
+        return "stop"
+    if sequence.stop_strings:
+        window = sequence.tokens[-stop_window(sequence.stop_strings) :]
+        text = tokenizer.decode(window, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if any(stop in text for stop in sequence.stop_strings):
+            return "stop"
+    if len(sequence.tokens) >= sequence.max_tokens:
+        return "length"
+    return None

@@ -1,0 +1,504 @@
+"""A compact decoder for sampling: llama / qwen2 / qwen3 (and the text part of qwen3-vl) without nn.Module overhead.
+
+The sampler runs one decode step for hundreds of sequences at a time; the HF modules and ``DynamicCache`` cost
+more in Python bookkeeping than the matmuls do at these sizes. This module keeps only what sampling needs:
+
+- weights fused per layer (``q|k|v`` and ``gate|up`` are one matmul each), LoRA merged once per snapshot
+  (``W + scale * B @ A``), tied embeddings shared with the unembedding;
+- ``prefill``: several prompts packed into one token matrix (no padding) for the linear layers, causal attention per
+  prompt, returning each prompt's K/V and the logits rows that were asked for;
+- ``decode``: one token for each of ``n`` sequences against a slot-major K/V cache with per-sequence lengths.
+
+Precision: the residual stream, norms, RoPE and softmax run in fp32; only the matmul weights (and the K/V cache) take
+the snapshot's dtype. In fp32 this reproduces the HF forward to ~1e-5.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import transformers
+
+from tinker_cookbook.tinker.errors import BadRequestError
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_vl", "qwen3_vl_text")
+# RoPE variants whose frequencies do not depend on the sequence length seen so far.
+_STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+_PEFT_PREFIX = "base_model.model."
+EXACT_TOP_LOGITS = 32
+"""How many of each row's largest logits are recomputed in fp32 when the unembedding is low precision."""
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """The shape of a decoder, read from its HF config."""
+
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_eps: float
+    qk_norm: bool
+    max_positions: int
+    """The context window: prompt plus generated tokens may not exceed it."""
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer; ``qkv``/``gate_up`` are row-concatenations of the HF projections."""
+
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o_proj: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+    qk_norm: torch.Tensor | None
+    """[num_heads + num_kv_heads, head_dim]: the q_norm weight repeated per query head, then k_norm per kv head."""
+
+
+@dataclass
+class DecoderWeights:
+    """All tensors of one model snapshot, ready for ``prefill`` and ``decode``."""
+
+    spec: DecoderSpec
+    dtype: torch.dtype
+    embed: torch.Tensor
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor
+    lm_head: torch.Tensor
+    inv_freq: torch.Tensor
+    rope_scaling: float
+    _rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    def rope_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed-sin tables ``[>= length, head_dim]``, built lazily and grown by doubling."""
+        tables = self._rope_cache
+        if tables is None or tables[0].shape[0] < length:
+            have = 0 if tables is None else tables[0].shape[0]
+            size = max(length, min(max(2 * have, 256), self.spec.max_positions))
+            # Same arithmetic as the HF rotary embedding (fp32 position * fp32 inv_freq) so fp32 matches bit for bit.
+            positions = torch.arange(size, device=self.device, dtype=torch.float32)
+            freqs = positions[:, None] * self.inv_freq[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            sin = emb.sin() * self.rope_scaling
+            # rotate_half(x) = cat(-x2, x1) = roll(x, half) with its first half negated: fold that sign into sin.
+            sin[:, : freqs.shape[1]] *= -1
+            # One attribute holds both tables so that a concurrent reader never pairs tables of different sizes.
+            tables = (emb.cos() * self.rope_scaling, sin)
+            self._rope_cache = tables
+        return tables
+
+    def num_bytes(self) -> int:
+        """Bytes of the tensors read for every decoded token (all matmul weights, norms, the unembedding)."""
+        tensors = [self.lm_head, self.final_norm]
+        for layer in self.layers:
+            tensors += [t for t in vars(layer).values() if isinstance(t, torch.Tensor)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Building from an HF state dict (+ PEFT LoRA)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def text_config(config: transformers.PretrainedConfig) -> transformers.PretrainedConfig:
+    """The language-model part of ``config`` (the config itself for text-only models)."""
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def spec_from_config(config: transformers.PretrainedConfig) -> DecoderSpec:
+    """Read the decoder shape; raise BadRequestError for architectures this sampler does not implement."""
+    model_type = getattr(config, "model_type", "")
+    text = text_config(config)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise BadRequestError(
+            f"the sampler supports model types {SUPPORTED_MODEL_TYPES}, got config.model_type={model_type!r}; "
+            "use a Llama-3, Qwen2/Qwen3 or Qwen3-VL model"
+        )
+    if getattr(text, "use_sliding_window", False):
+        raise BadRequestError(
+            "config.use_sliding_window=True is not supported by the sampler; set it to False"
+        )
+    num_heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // num_heads
+    return DecoderSpec(
+        model_type=model_type,
+        num_layers=text.num_hidden_layers,
+        hidden_size=text.hidden_size,
+        num_heads=num_heads,
+        num_kv_heads=getattr(text, "num_key_value_heads", None) or num_heads,
+        head_dim=head_dim,
+        intermediate_size=text.intermediate_size,
+        vocab_size=text.vocab_size,
+        rms_eps=float(text.rms_norm_eps),
+        qk_norm=model_type.startswith("qwen3"),
+        max_positions=int(text.max_position_embeddings),
+    )
+
+
+def rope_frequencies(config: transformers.PretrainedConfig) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and the cos/sin scaling factor, through transformers' own RoPE initialisers."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    text = text_config(config)
+    params = getattr(text, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type not in _STATIC_ROPE_TYPES:
+        raise BadRequestError(
+            f"rope_type={rope_type!r} is not supported by the sampler; supported: {_STATIC_ROPE_TYPES}"
+        )
+    if rope_type == "default":
+        theta = float(params.get("rope_theta", getattr(text, "rope_theta", 10000.0)))
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        return inv_freq, 1.0
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](text, torch.device("cpu"))
+    return inv_freq.float(), float(scaling)
+
+
+def _language_prefix(base_state: Mapping[str, torch.Tensor]) -> str:
+    """``model.`` for causal LMs, ``model.language_model.`` for Qwen3-VL."""
+    for prefix in ("model.language_model.", "model."):
+        if f"{prefix}embed_tokens.weight" in base_state:
+            return prefix
+    raise BadRequestError(
+        "base_state has no 'model.embed_tokens.weight' (nor 'model.language_model.embed_tokens.weight'); "
+        "pass the plain HF state dict of the base causal LM"
+    )
+
+
+def split_adapter_state(
+    adapter_state: Mapping[str, torch.Tensor],
+) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
+    """LoRA pairs ``{module: {"lora_A": A, "lora_B": B}}`` and full-weight overrides ``{base key: tensor}``.
+
+    PEFT saves whole weights next to the LoRA pairs in some cases (``lm_head.base_layer.weight`` when the
+    unembedding of a tied model is adapted, ``modules_to_save``); loading the adapter replaces the base weights
+    with them, so they override ``base_state`` here.
+    """
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    overrides: dict[str, torch.Tensor] = {}
+    for key, tensor in adapter_state.items():
+        parts = key.removeprefix(_PEFT_PREFIX).split(".")
+        lora = [i for i, part in enumerate(parts) if part in _LORA_PARTS]
+        if lora:
+            pairs.setdefault(".".join(parts[: lora[0]]), {})[parts[lora[0]]] = tensor
+        else:
+            overrides[".".join(p for p in parts if p not in ("base_layer", "modules_to_save"))] = tensor
+    return pairs, overrides
+
+
+def lora_deltas(
+    pairs: Mapping[str, Mapping[str, torch.Tensor]], adapter_config: Mapping[str, Any]
+) -> dict[str, torch.Tensor]:
+    """``{base weight key: scale * B @ A}`` (fp32) for every LoRA pair."""
+    if "r" not in adapter_config:
+        raise BadRequestError(f"adapter_config has no 'r' (the LoRA rank): {dict(adapter_config)!r}")
+    rank = int(adapter_config["r"])
+    alpha = float(adapter_config.get("lora_alpha") or rank)
+    for field in ("rank_pattern", "alpha_pattern"):
+        if adapter_config.get(field):
+            raise BadRequestError(
+                f"adapter_config.{field} is not supported by the sampler; use one rank and alpha"
+            )
+    if adapter_config.get("use_dora"):
+        raise BadRequestError("adapter_config.use_dora=True is not supported by the sampler; use plain LoRA")
+    scale = alpha / math.sqrt(rank) if adapter_config.get("use_rslora") else alpha / rank
+    deltas: dict[str, torch.Tensor] = {}
+    for module, pair in pairs.items():
+        if "lora_A" in pair and "lora_B" in pair:
+            delta = pair["lora_B"].float() @ pair["lora_A"].float()  # [out, in]
+        elif "lora_embedding_A" in pair and "lora_embedding_B" in pair:
+            delta = (pair["lora_embedding_B"].float() @ pair["lora_embedding_A"].float()).T  # [vocab, hidden]
+        else:
+            raise BadRequestError(
+                f"adapter_state has an unpaired LoRA weight for module {module!r}: {sorted(pair)}"
+            )
+        deltas[f"{module}.weight"] = delta * scale
+    return deltas
+
+
+_LORA_PARTS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
+
+
+class _StateReader:
+    """Reads base tensors with their LoRA delta merged, tracking which deltas were used."""
+
+    def __init__(self, base: Mapping[str, torch.Tensor], deltas: dict[str, torch.Tensor], dtype: torch.dtype):
+        self.base = base
+        self.deltas = deltas
+        self.dtype = dtype
+        self.used: set[str] = set()
+
+    def get(self, key: str, *, fallback: str | None = None) -> torch.Tensor:
+        source = key if key in self.base else fallback
+        if source is None or source not in self.base:
+            raise BadRequestError(
+                f"base_state has no tensor {key!r}; pass the full HF state dict of the base model"
+            )
+        tensor = self.base[source].detach()
+        delta = self.deltas.get(key)
+        if delta is None:
+            return tensor.to(self.dtype)
+        self.used.add(key)
+        # Merge in fp32 into a new tensor: the base state is shared with the trainer and must not change.
+        return (tensor.float() + delta.to(tensor.device)).to(self.dtype)
+
+    def maybe(self, key: str) -> torch.Tensor | None:
+        return self.get(key) if key in self.base else None
+
+    def norm(self, key: str) -> torch.Tensor:
+        return self.base[key].detach().float() if key in self.base else self.get(key)
+
+
+def _cat(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
+    present = [p for p in parts if p is not None]
+    if not present:
+        return None
+    if len(present) != len(parts):
+        raise BadRequestError("base_state has biases for some but not all of q/k/v (or gate/up) projections")
+    return torch.cat(present, dim=0).contiguous()
+
+
+def _layer(reader: _StateReader, prefix: str, spec: DecoderSpec) -> LayerWeights:
+    attn, mlp = f"{prefix}self_attn.", f"{prefix}mlp."
+    qk_norm = None
+    if spec.qk_norm:
+        q_norm = reader.norm(f"{attn}q_norm.weight")
+        k_norm = reader.norm(f"{attn}k_norm.weight")
+        qk_norm = torch.cat(
+            [q_norm.expand(spec.num_heads, -1), k_norm.expand(spec.num_kv_heads, -1)]
+        ).contiguous()
+    return LayerWeights(
+        input_norm=reader.norm(f"{prefix}input_layernorm.weight").float(),
+        qkv=_cat([reader.get(f"{attn}{p}_proj.weight") for p in "qkv"]),  # type: ignore[arg-type]
+        qkv_bias=_cat([reader.maybe(f"{attn}{p}_proj.bias") for p in "qkv"]),
+        o_proj=reader.get(f"{attn}o_proj.weight").contiguous(),
+        o_bias=reader.maybe(f"{attn}o_proj.bias"),
+        post_norm=reader.norm(f"{prefix}post_attention_layernorm.weight").float(),
+        gate_up=_cat([reader.get(f"{mlp}gate_proj.weight"), reader.get(f"{mlp}up_proj.weight")]),  # type: ignore[arg-type]
+        gate_up_bias=_cat([reader.maybe(f"{mlp}gate_proj.bias"), reader.maybe(f"{mlp}up_proj.bias")]),
+        down=reader.get(f"{mlp}down_proj.weight").contiguous(),
+        down_bias=reader.maybe(f"{mlp}down_proj.bias"),
+        qk_norm=qk_norm,
+    )
+
+
+def build_decoder_weights(
+    config: transformers.PretrainedConfig,
+    base_state: Mapping[str, torch.Tensor],
+    adapter_state: Mapping[str, torch.Tensor] | None,
+    adapter_config: Mapping[str, Any] | None,
+    dtype: torch.dtype,
+) -> DecoderWeights:
+    """Fuse and (optionally) LoRA-merge an HF state dict into sampler weights of ``dtype``."""
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise BadRequestError(f"sampling dtype must be float32, bfloat16 or float16, got {dtype}")
+    spec = spec_from_config(config)
+    deltas: dict[str, torch.Tensor] = {}
+    state: Mapping[str, torch.Tensor] = base_state
+    if adapter_state:
+        if adapter_config is None:
+            raise BadRequestError(
+                "adapter_state was given without adapter_config; pass the PEFT LoraConfig dict"
+            )
+        pairs, overrides = split_adapter_state(adapter_state)
+        unknown = sorted(k for k in overrides if k not in base_state and k != "lm_head.weight")
+        if unknown:
+            raise BadRequestError(
+                f"adapter_state holds weights that the base model does not have: {unknown[:4]}"
+            )
+        deltas = lora_deltas(pairs, adapter_config)
+        state = collections.ChainMap(overrides, dict(base_state))
+    prefix = _language_prefix(state)
+    reader = _StateReader(state, deltas, dtype)
+    embed_key = f"{prefix}embed_tokens.weight"
+    embed = reader.get(embed_key).contiguous()
+    if "lm_head.weight" in state or "lm_head.weight" in deltas:
+        # A trained unembedding of a tied model gets its own (untied) merged copy of the embedding.
+        lm_head = reader.get("lm_head.weight", fallback=embed_key).contiguous()
+    else:
+        lm_head = embed
+    layers = [_layer(reader, f"{prefix}layers.{i}.", spec) for i in range(spec.num_layers)]
+    unused = sorted(set(deltas) - reader.used)
+    if unused:
+        raise BadRequestError(f"LoRA weights for modules the sampler does not know: {unused[:4]}")
+    inv_freq, rope_scaling = rope_frequencies(config)
+    return DecoderWeights(
+        spec=spec,
+        dtype=dtype,
+        embed=embed,
+        layers=layers,
+        final_norm=reader.norm(f"{prefix}norm.weight").float(),
+        lm_head=lm_head,
+        inv_freq=inv_freq.to(embed.device),
+        rope_scaling=rope_scaling,
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Forward pieces
+# --------------------------------------------------------------------------------------------------------------
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in fp32 (x is fp32), the same arithmetic as the HF module."""
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """fp32 in, fp32 out; the matmul runs in the weight's dtype."""
+    out = F.linear(x.to(weight.dtype), weight, bias)
+    return out.float()
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [..., tokens, heads, head_dim]`` by per-token ``cos``/``sin`` ``[tokens, head_dim]``."""
+    half = x.shape[-1] // 2
+    return x * cos[:, None, :] + torch.roll(x, half, dims=-1) * sin_signed[:, None, :]
+
+
+def _attention_inputs(
+    weights: DecoderWeights, layer: LayerWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q ``[T, nh, hd]``, k and v ``[T, nkv, hd]`` (fp32) for hidden states ``h [T, H]``."""
+    spec = weights.spec
+    x = rms_norm(h, layer.input_norm, spec.rms_eps)
+    qkv = _linear(x, layer.qkv, layer.qkv_bias)
+    n_qk = spec.num_heads + spec.num_kv_heads
+    qk = qkv[:, : n_qk * spec.head_dim].view(-1, n_qk, spec.head_dim)
+    v = qkv[:, n_qk * spec.head_dim :].view(-1, spec.num_kv_heads, spec.head_dim)
+    if layer.qk_norm is not None:
+        qk = rms_norm(qk, layer.qk_norm, spec.rms_eps)
+    qk = _rope(qk, cos, sin)
+    return qk[:, : spec.num_heads], qk[:, spec.num_heads :], v
+
+
+def _finish_layer(layer: LayerWeights, h: torch.Tensor, attn: torch.Tensor, eps: float) -> torch.Tensor:
+    """Output projection, residual, MLP, residual."""
+    h = h + _linear(attn, layer.o_proj, layer.o_bias)
+    x = rms_norm(h, layer.post_norm, eps).to(layer.gate_up.dtype)
+    gate_up = F.linear(x, layer.gate_up, layer.gate_up_bias)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return h + _linear(F.silu(gate) * up, layer.down, layer.down_bias)
+
+
+def logits(weights: DecoderWeights, h: torch.Tensor, also: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 logits ``[rows, vocab]`` for final-layer hidden states ``h [rows, H]`` (final norm applied here).
+
+    With a low-precision unembedding the product is rounded to that precision (bf16 keeps 8 bits: a logit of 20 is
+    off by up to 0.06). The ``EXACT_TOP_LOGITS`` largest logits of each row, and the columns ``also [rows, m]``,
+    are recomputed in fp32 from the same weights; they carry nearly all of the probability mass, so sampling and
+    the reported logprobs follow the fp32 unembedding closely at a small fraction of its cost.
+    """
+    x = rms_norm(h, weights.final_norm, weights.spec.rms_eps)
+    out = _linear(x, weights.lm_head, None)
+    if weights.lm_head.dtype == torch.float32:
+        return out
+    columns = out.topk(min(EXACT_TOP_LOGITS, out.shape[-1]), dim=-1).indices
+    if also is not None:
+        columns = torch.cat([columns, also], dim=-1)
+    rows = weights.lm_head[columns].float()  # [rows, k, H]
+    exact = torch.bmm(rows, x[:, :, None])[..., 0]
+    return out.scatter_(1, columns, exact)
+
+
+@dataclass
+class PrefillResult:
+    """Per prompt: its K/V ``[layers, 2, nkv, len, hd]`` and the final hidden states of all its positions."""
+
+    kv: list[torch.Tensor]
+    hidden: list[torch.Tensor]
+
+
+@torch.inference_mode()
+def prefill(weights: DecoderWeights, prompts: list[list[int]], cache_dtype: torch.dtype) -> PrefillResult:
+    """Run several prompts packed into one token matrix; attention is causal within each prompt."""
+    spec = weights.spec
+    lengths = [len(p) for p in prompts]
+    total = sum(lengths)
+    device = weights.device
+    tokens = torch.tensor([t for p in prompts for t in p], dtype=torch.long, device=device)
+    positions = torch.cat([torch.arange(n, device=device) for n in lengths])
+    cos_table, sin_table = weights.rope_tables(max(lengths))
+    cos, sin = cos_table[positions], sin_table[positions]
+    kv = [
+        torch.empty(spec.num_layers, 2, spec.num_kv_heads, n, spec.head_dim, dtype=cache_dtype, device=device)
+        for n in lengths
+    ]
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    h = weights.embed[tokens].float()
+    attn = torch.empty(total, spec.num_heads * spec.head_dim, dtype=torch.float32, device=device)
+    for index, layer in enumerate(weights.layers):
+        q, k, v = _attention_inputs(weights, layer, h, cos, sin)
+        for i, (start, end) in enumerate(itertools.pairwise(starts)):
+            k_i, v_i = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)  # [nkv, len, hd]
+            kv[i][index, 0].copy_(k_i)
+            kv[i][index, 1].copy_(v_i)
+            out = F.scaled_dot_product_attention(
+                q[start:end].transpose(0, 1)[None], k_i[None], v_i[None], is_causal=True, enable_gqa=True
+            )
+            attn[start:end] = out[0].transpose(0, 1).reshape(end - start, -1)
+        h = _finish_layer(layer, h, attn, spec.rms_eps)
+    return PrefillResult(kv=kv, hidden=[h[s:e] for s, e in itertools.pairwise(starts)])
+
+
+@torch.inference_mode()
+def decode(
+    weights: DecoderWeights,
+    cache: torch.Tensor,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    attend_len: int,
+) -> torch.Tensor:
+    """One decode step for sequences in cache slots ``0..n-1``; returns final hidden states ``[n, H]``.
+
+    ``cache`` is ``[layers, 2, slots, nkv, capacity, hd]``; sequence ``i`` holds ``positions[i]`` cached tokens and
+    its new K/V are written at ``positions[i]``. Attention reads the first ``attend_len`` cached positions of every
+    slot, masked per sequence.
+    """
+    spec = weights.spec
+    n = tokens.shape[0]
+    cos_table, sin_table = weights.rope_tables(attend_len)
+    cos, sin = cos_table[positions], sin_table[positions]
+    slots = torch.arange(n, device=tokens.device)
+    mask = torch.arange(attend_len, device=tokens.device)[None, :] <= positions[:, None]
+    mask = mask[:, None, None, :]
+    h = weights.embed[tokens].float()
+    for index, layer in enumerate(weights.layers):
+        q, k, v = _attention_inputs(weights, layer, h, cos, sin)
+        keys, values = cache[index, 0], cache[index, 1]
+        keys[slots, :, positions] = k.to(cache.dtype)
+        values[slots, :, positions] = v.to(cache.dtype)
+        out = F.scaled_dot_product_attention(
+            q.to(cache.dtype)[:, :, None, :],
+            keys[:n, :, :attend_len],
+            values[:n, :, :attend_len],
+            attn_mask=mask,
+            enable_gqa=True,
+        )
+        h = _finish_layer(layer, h, out.reshape(n, -1).float(), spec.rms_eps)
+    return h
