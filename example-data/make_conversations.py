@@ -129,8 +129,7 @@ def main() -> None:
     rng = random.Random(SEED)
     out = Path(__file__).resolve().parent / "conversations.jsonl"
     with open(out, "w") as f:
-        for _ in range(NUM_CONVERSATIONS):
-            f.write(json.dumps(conversation(rng)) + "\n")
+        f.writelines(json.dumps(conversation(rng)) + "\n" for _ in range(NUM_CONVERSATIONS))
     print(f"wrote {NUM_CONVERSATIONS} conversations to {out}")
 
 

@@ -61,7 +61,7 @@ def load_conversations(path: str) -> list[list[renderers.Message]]:
                 continue
             row = json.loads(line)
             if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
-                raise ValueError(f"{path}:{number}: expected a JSON object with a 'messages' list")
+                raise ValueError(f"{path}:{number}: expected a JSON object with a 'messages' list")  # noqa: TRY004
             conversations.append(row["messages"])
     return conversations
 

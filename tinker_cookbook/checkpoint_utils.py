@@ -25,9 +25,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from tinker_cookbook import tinker
 from tinker_cookbook.exceptions import CheckpointError, ConfigurationError

@@ -16,8 +16,9 @@ from __future__ import annotations
 import logging
 import shutil
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Literal, Sequence, TypeAlias, get_args
+from typing import Literal, TypeAlias, get_args
 
 from tinker_cookbook.exceptions import ConfigurationError
 

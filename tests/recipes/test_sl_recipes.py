@@ -17,7 +17,7 @@ TINY = "tinker-cookbook/tiny-smollm2"
 def _run(module: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+                          check=False, timeout=300)
 
 
 def _rows(path: Path) -> list[dict]:
@@ -53,7 +53,6 @@ def test_sl_basic_explains_an_unreachable_hub_dataset(tmp_path):
 
 def test_sl_basic_rejects_unknown_dataset_and_bad_arguments():
     from recipes.sl_basic import CLIConfig, build_config
-
     from tinker_cookbook.exceptions import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="dataset='nope' is not a known dataset"):

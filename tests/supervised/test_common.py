@@ -4,7 +4,11 @@ import pytest
 import torch
 
 from tinker_cookbook.exceptions import DataError
-from tinker_cookbook.supervised.common import compute_mean_nll, count_loss_tokens, datum_from_model_input_weights
+from tinker_cookbook.supervised.common import (
+    compute_mean_nll,
+    count_loss_tokens,
+    datum_from_model_input_weights,
+)
 from tinker_cookbook.tinker import types
 
 

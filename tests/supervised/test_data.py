@@ -3,9 +3,10 @@
 import json
 
 import pytest
+from sl_helpers import TINY_MODEL, card_conversation
 
 from tinker_cookbook import renderers
-from tinker_cookbook.exceptions import ConfigurationError, DataError, DataFormatError
+from tinker_cookbook.exceptions import ConfigurationError, DataError
 from tinker_cookbook.supervised.chat_datasets import example_conversations_path, get_chat_dataset_builder
 from tinker_cookbook.supervised.data import (
     FromConversationFileBuilder,
@@ -14,8 +15,6 @@ from tinker_cookbook.supervised.data import (
 )
 from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
 from tinker_cookbook.tokenizer_utils import get_tokenizer
-
-from sl_helpers import TINY_MODEL, card_conversation
 
 
 @pytest.fixture(scope="module")

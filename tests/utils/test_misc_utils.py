@@ -14,9 +14,8 @@ def test_timed_records_seconds_under_time_prefix():
 
 def test_timed_records_even_when_the_body_raises():
     metrics: dict[str, float] = {}
-    with pytest.raises(RuntimeError):
-        with misc_utils.timed("broken", metrics):
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), misc_utils.timed("broken", metrics):
+        raise RuntimeError("boom")
     assert "time/broken" in metrics
 
 

@@ -12,7 +12,8 @@ stay serializable and heavy objects (datasets, tokenizers) are made only when th
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, TypeAlias
+from collections.abc import Callable
+from typing import TypeAlias
 
 from tinker_cookbook import tinker
 

@@ -25,7 +25,11 @@ from tinker_cookbook.supervised.data import (
     check_conversation,
     conversation_to_datum,
 )
-from tinker_cookbook.supervised.types import ChatDatasetBuilder, ChatDatasetBuilderCommonConfig, SupervisedDataset
+from tinker_cookbook.supervised.types import (
+    ChatDatasetBuilder,
+    ChatDatasetBuilderCommonConfig,
+    SupervisedDataset,
+)
 from tinker_cookbook.tinker import types
 
 logger = logging.getLogger(__name__)
@@ -122,6 +126,9 @@ def get_chat_dataset_builder(
             raise ConfigurationError(f"dataset={name!r}: no such file")
         return FromConversationFileBuilder(common_config=common_config, file_path=name, test_size=test_size or 0)
     if name in _HUB_BUILDERS:
-        return _HUB_BUILDERS[name](common_config=common_config)
+        builder_class = _HUB_BUILDERS[name]
+        if builder_class is Tulu3Builder and test_size is not None:
+            return Tulu3Builder(common_config=common_config, test_size=test_size)
+        return builder_class(common_config=common_config)
     known = [EXAMPLE_DATA_NAME, *_HUB_BUILDERS, "<path>.jsonl"]
     raise ConfigurationError(f"dataset={name!r} is not a known dataset; use one of {known}")

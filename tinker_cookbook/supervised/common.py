@@ -19,7 +19,8 @@ their target id is 0 and their weight 0.
 
 from __future__ import annotations
 
-from typing import Literal, Sequence, TypeAlias
+from collections.abc import Sequence
+from typing import Literal, TypeAlias
 
 import numpy as np
 import torch

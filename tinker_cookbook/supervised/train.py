@@ -105,8 +105,8 @@ class Config:
             (min(self.eval_every, self.infrequent_eval_every, self.save_every, self.lr_warmup_steps) >= 0,
              "eval_every, infrequent_eval_every, save_every and lr_warmup_steps must be >= 0 (0 disables)"),
             (self.behavior_if_log_dir_exists in cli_utils.LOGDIR_BEHAVIORS,
-             f"behavior_if_log_dir_exists={self.behavior_if_log_dir_exists!r} must be one of "
-             f"{list(cli_utils.LOGDIR_BEHAVIORS)}"),
+             (f"behavior_if_log_dir_exists={self.behavior_if_log_dir_exists!r} must be one of "
+              f"{list(cli_utils.LOGDIR_BEHAVIORS)}")),
         ]
         for ok, message in checks:
             if not ok:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 

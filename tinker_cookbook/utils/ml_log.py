@@ -27,8 +27,9 @@ import math
 import os
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import chz
 
@@ -129,7 +130,7 @@ class JsonLogger(Logger):
         self.metrics_path = self.log_dir / METRICS_FILE
         remove_torn_tail(self.metrics_path)
         # Line-buffered so that a killed run leaves every completed row on disk.
-        self._file = open(self.metrics_path, "a", buffering=1)
+        self._file = open(self.metrics_path, "a", buffering=1)  # noqa: SIM115 - kept open for the run, closed in close()
 
     def log_hparams(self, config: Any) -> None:
         with open(self.log_dir / CONFIG_FILE, "w") as f:
