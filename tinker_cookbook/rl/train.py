@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,8 +169,10 @@ class RunContext:
     end_batch: int
 
     def policy(self, sampling_client: tinker.SamplingClient, iteration: int) -> TinkerTokenCompleter:
+        # Independent seed streams per (run seed, iteration): the completer adds its call index to this base.
+        base_seed = random.Random(f"{self.cfg.seed}-{iteration}").randrange(2**30)
         return TinkerTokenCompleter(sampling_client, self.cfg.max_tokens, temperature=self.cfg.temperature,
-                                    seed=self.cfg.seed * 1_000_003 + iteration)
+                                    seed=base_seed)
 
     def progress(self, i: int) -> dict[str, float]:
         return {"progress/batch": float(i), "progress/done_frac": (i + 1) / max(self.end_batch, 1),
