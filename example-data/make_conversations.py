@@ -23,7 +23,7 @@ import random
 from pathlib import Path
 
 SEED = 20260
-NUM_CONVERSATIONS = 440
+NUM_CONVERSATIONS = 320
 
 FIRST_NAMES = [
     "Maria", "Ahmed", "Yuki", "Olivia", "Chen", "Lucas", "Amara", "Sofia", "Ivan", "Priya", "Mateo", "Hannah",

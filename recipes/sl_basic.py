@@ -7,8 +7,8 @@
         learning_rate=2e-4 max_length=4096                     # the docs' run, where the model and hub are available
 
 Default task: turn a description of a person into a four-line contact card (``example-data/conversations.jsonl``,
-392 train / 48 held-out conversations). Measured on 2 CPU cores: ``test/nll`` falls from about 1.2 to about 0.2
-in one epoch, in about 7 minutes; see the README for the figures. Writes ``metrics.jsonl``, ``checkpoints.jsonl``,
+272 train / 48 held-out conversations, one epoch of 17 steps of 16). ``test/nll`` falls from about 0.9 (the base
+model) to well under 0.2; see the README for the measured figures and time. Writes ``metrics.jsonl``, ``checkpoints.jsonl``,
 ``config.json`` and ``logs.log`` under ``log_path``; run it again to resume (it asks first).
 """
 
@@ -55,7 +55,7 @@ class CLIConfig:
     num_epochs: int = 1
     lora_rank: int = 32
     eval_every: int = 6
-    save_every: int = 12
+    save_every: int = 8
     max_steps: int | None = None
     load_checkpoint_path: str | None = None
     log_path: str = chz.field(default_factory=lambda: default_log_path("sl_basic"))

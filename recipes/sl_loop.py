@@ -48,7 +48,7 @@ class Config:
     num_epochs: int = 1
     max_steps: int | None = None
     eval_every: int = 6
-    save_every: int = 12
+    save_every: int = 8
     behavior_if_log_dir_exists: cli_utils.LogdirBehavior = "ask"
 
 
@@ -118,17 +118,20 @@ def main(config: Config) -> None:
         print(f"Nothing to do: the run in {config.log_path} already reached step {start_step}.")
         return
     ml_log.truncate_metrics(config.log_path, keep_below_step=start_step)  # rows after the checkpoint are redone
-    ml_logger = ml_log.setup_logging(config.log_path, config=config)
+    # config.json records the learning rate actually used (the sweep page reads it back).
+    ml_logger = ml_log.setup_logging(config.log_path, config=chz.replace(config, learning_rate=learning_rate))
     logger.info("%d train conversations, %d batches x %d epochs; steps %d..%d", len(train_conversations),
                 n_batches, config.num_epochs, start_step, end_step - 1)
 
+    finished = end_step == total_steps
     for step in range(start_step, end_step):
         start = time.perf_counter()
         metrics: dict[str, float] = {}
+        last_of_run = finished and step == end_step - 1
         if config.save_every and step > start_step and step % config.save_every == 0:
             checkpoint_utils.save_checkpoint(training_client, f"{step:06d}", config.log_path,
                                              {"step": step, "epoch": step // n_batches, "batch": step % n_batches})
-        if config.eval_every and step % config.eval_every == 0:
+        if config.eval_every and step % config.eval_every == 0 and not last_of_run:
             metrics["test/nll"] = mean_nll(training_client.forward(test_data, "cross_entropy").result(), test_data)
 
         # Each epoch visits the conversations in its own (reproducible) order.
@@ -153,12 +156,10 @@ def main(config: Config) -> None:
             "num_tokens": sum(d.model_input.length for d in data),
             "time/total": time.perf_counter() - start,
         })
+        if last_of_run:  # the last row of a finished run carries the final model's test loss
+            metrics["test/nll"] = mean_nll(training_client.forward(test_data, "cross_entropy").result(), test_data)
         ml_logger.log_metrics(metrics, step=step)
 
-    final_test = {"test/nll": mean_nll(training_client.forward(test_data, "cross_entropy").result(), test_data),
-                  "progress": end_step / total_steps}
-    ml_logger.log_metrics(final_test, step=end_step)
-    finished = end_step == total_steps
     checkpoint_utils.save_checkpoint(
         training_client, "final" if finished else f"{end_step:06d}", config.log_path,
         {"step": end_step, "epoch": end_step // n_batches, "batch": end_step % n_batches,

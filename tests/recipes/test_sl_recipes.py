@@ -33,8 +33,9 @@ def test_recipe_runs_two_steps_and_a_rerun_is_a_noop(tmp_path, module):
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = _rows(log_path / "metrics.jsonl")
     assert [m["step"] for m in metrics if "train_mean_nll" in m] == [0, 1]
-    assert [m["step"] for m in metrics if "test/nll" in m] == [0, 2]
-    assert all({"learning_rate", "progress", "num_tokens", "epoch"} <= set(m) for m in metrics[:2])
+    # a run stopped by max_steps is not finished: no final evaluation, so that resuming it is exact
+    assert [m["step"] for m in metrics if "test/nll" in m] == [0]
+    assert all({"learning_rate", "progress", "num_tokens", "epoch"} <= set(m) for m in metrics)
     assert _rows(log_path / "checkpoints.jsonl")[-1]["step"] == 2
     assert json.loads((log_path / "config.json").read_text())["model_name"] == TINY
 
@@ -42,13 +43,6 @@ def test_recipe_runs_two_steps_and_a_rerun_is_a_noop(tmp_path, module):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "Nothing to do" in again.stdout
     assert _rows(log_path / "metrics.jsonl") == metrics
-
-
-def test_sl_basic_explains_an_unreachable_hub_dataset(tmp_path):
-    result = _run("recipes.sl_basic", f"model_name={TINY}", "dataset=HuggingFaceH4/no_robots", "max_steps=1",
-                  f"log_path={tmp_path / 'run'}")
-    assert result.returncode != 0
-    assert "could not be loaded" in result.stderr and "dataset=example" in result.stderr
 
 
 def test_sl_basic_rejects_unknown_dataset_and_bad_arguments():

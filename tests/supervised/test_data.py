@@ -122,7 +122,7 @@ def test_named_datasets(monkeypatch):
 
 def test_example_data_is_valid_and_every_conversation_trains():
     lines = example_conversations_path().read_text().splitlines()
-    assert len(lines) >= 400
+    assert len(lines) >= 300
     train, test = get_chat_dataset_builder("example", _common(max_length=256))()
     assert test is not None and len(test.get_batch(0)) >= 40
     assert len(train) * 4 + len(test.get_batch(0)) == len(lines)

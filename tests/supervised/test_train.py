@@ -49,20 +49,21 @@ def straight_run(tmp_path_factory, data_file):
 
 def test_metrics_config_and_checkpoint_files(straight_run):
     rows = ml_log.read_metrics(straight_run)
-    assert [row["step"] for row in rows] == [0, 1, 2, 3, 4]
-    for row in rows[:4]:
+    assert [row["step"] for row in rows] == [0, 1, 2, 3]
+    for row in rows:
         assert STEP_KEYS <= set(row), STEP_KEYS - set(row)
         assert row["num_sequences"] == 4 and row["num_loss_tokens"] > 0 and row["num_tokens"] > row["num_loss_tokens"]
-    # evaluators: before step 0, before step 2, and after the last step (row 4)
-    assert [row["step"] for row in rows if "test/nll" in row] == [0, 2, 4]
+    # evaluators: before step 0, before step 2, and on the final model (in the last row, after its step)
+    assert [row["step"] for row in rows if "test/nll" in row] == [0, 2, 3]
     # linear schedule over 4 steps: lr * (1, 0.75, 0.5, 0.25); progress = (step + 1) / 4
     assert [row["learning_rate"] for row in rows[:4]] == pytest.approx([5e-3, 3.75e-3, 2.5e-3, 1.25e-3])
-    assert [row["progress"] for row in rows] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    assert [row["progress"] for row in rows] == [0.25, 0.5, 0.75, 1.0]
     assert rows[-1]["test/nll"] < rows[0]["test/nll"]  # it learns something even in 4 tiny steps
 
     df = pandas.read_json(straight_run / "metrics.jsonl", lines=True)  # the docs' snippet works as written
     assert len(df["train_mean_nll"].dropna()) == 4 and len(df["test/nll"].dropna()) == 3
-    assert df["progress"].iloc[-1] >= 0.98
+    # the sweep page's completeness check and final loss read the last row
+    assert df["progress"].iloc[-1] >= 0.98 and df["train_mean_nll"].iloc[-1].item() == rows[-1]["train_mean_nll"]
     config = json.loads((straight_run / "config.json").read_text())
     assert config["learning_rate"] == 5e-3 and config["model_name"] == TINY_MODEL
     assert (straight_run / "logs.log").stat().st_size > 0
@@ -84,7 +85,7 @@ def test_stopped_then_resumed_run_equals_the_uninterrupted_run(tmp_path, data_fi
     _run(_config(log_path, data_file))
 
     resumed, straight = ml_log.read_metrics(log_path), ml_log.read_metrics(straight_run)
-    assert [r["step"] for r in resumed] == [r["step"] for r in straight] == [0, 1, 2, 3, 4]
+    assert [r["step"] for r in resumed] == [r["step"] for r in straight] == [0, 1, 2, 3]
     for a, b in zip(resumed, straight):
         for key in ("train_mean_nll", "test/nll", "learning_rate", "progress", "num_tokens", "num_loss_tokens"):
             assert (key in a) == (key in b), (a["step"], key)

@@ -76,3 +76,19 @@ def test_wandb_offline_writes_a_local_run(tmp_path, monkeypatch):
 def test_read_metrics_skips_a_torn_last_line(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "a": 1}\n{"step": 1, "a"')
     assert ml_log.read_metrics(tmp_path) == [{"step": 0, "a": 1}]
+
+
+def test_truncate_metrics_drops_rows_from_the_resumed_step_on(tmp_path):
+    rows = [{"step": 0, "a": 1}, {"step": 1, "a": 2}, {"step": 2, "a": 3}, {"note": "no step"}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert ml_log.truncate_metrics(tmp_path, keep_below_step=1) == 2
+    assert ml_log.read_metrics(tmp_path) == [{"step": 0, "a": 1}, {"note": "no step"}]
+    assert ml_log.truncate_metrics(tmp_path / "missing", keep_below_step=0) == 0
+
+
+def test_a_new_logger_removes_a_torn_last_line(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1, "a"')
+    log = ml_log.JsonLogger(tmp_path)
+    log.log_metrics({"a": 2}, step=1)
+    log.close()
+    assert ml_log.read_metrics(tmp_path) == [{"step": 0}, {"step": 1, "a": 2}]

@@ -15,8 +15,11 @@ Steps, epochs and checkpoints (see ``checkpoint_utils`` for the file format):
   ``n_batches * num_epochs`` steps and the LR schedule spans all of it. ``max_steps`` stops the run early without
   changing the schedule, so a run cut off by ``max_steps`` and resumed with a larger one trains exactly like an
   uninterrupted run.
-- Evaluators see the weights *before* the step whose row they are logged in (row 0 = the initial model), and
-  run once more after the last step (a row with ``step`` = the number of steps done).
+- Evaluators see the weights *before* the step whose row they are logged in (row 0 = the initial model),
+  except in the last row of a finished run, where they see the final model (they run after the last step).
+  So ``df["test/nll"].dropna()`` goes from the base model to the trained one, and the last row has both
+  ``train_mean_nll`` and ``test/nll``. A run stopped by ``max_steps`` is not finished: it has no final
+  evaluation, so that resuming it gives exactly the rows of an uninterrupted run.
 - A checkpoint named ``%06d`` of ``s`` holds the state after ``s`` steps and is queued right after step
   ``s - 1``'s ``optim_step``, before step ``s`` is queued. Its row is written once the save has completed.
   The run ends with a checkpoint named ``final`` (``"final": true``) or, when stopped by ``max_steps``, one
@@ -128,6 +131,11 @@ class Plan:
     end_step: int
     """Where this invocation stops: ``min(total_steps, max_steps)``."""
     start_step: int
+
+    @property
+    def finished(self) -> bool:
+        """Whether this invocation reaches the end of the planned run (rather than stopping at max_steps)."""
+        return self.end_step >= self.total_steps
 
     def position(self, step: int) -> tuple[int, int]:
         """``(epoch, batch)`` of ``step``."""
@@ -326,8 +334,7 @@ async def finish_step(submitted: SubmittedStep) -> dict[str, Any]:
 
 
 def _final_checkpoint_name(plan: Plan) -> tuple[str, bool]:
-    finished = plan.end_step >= plan.total_steps
-    return ("final" if finished else f"{plan.end_step:06d}"), finished
+    return ("final" if plan.finished else f"{plan.end_step:06d}"), plan.finished
 
 
 async def _train(
@@ -347,8 +354,10 @@ async def _train(
             pending_save = checkpoint_utils.start_checkpoint(
                 training_client, f"{step:06d}", config.log_path, plan.loop_state(step), "both", config.ttl_seconds
             )
+        # The last step of a finished run is evaluated after it instead (by _finish_run), on the final model.
+        due = [] if plan.finished and step == plan.end_step - 1 else evaluators.due(step, final=False)
         with timed("evals", timings):
-            eval_metrics = await run_evaluators(evaluators.due(step, final=False), training_client)
+            eval_metrics = await run_evaluators(due, training_client)
         if epoch != current_epoch:
             train_dataset.set_epoch(seed=epoch)
             current_epoch = epoch
@@ -363,13 +372,15 @@ async def _train(
             await pending_save.finish_async()
             pending_save = None
         previous = submitted
-    if previous is not None:
-        await _log_step(previous, ml_logger, last_row_time)
-    await _finish_run(config, plan, training_client, evaluators, ml_logger)
+    assert previous is not None, f"no step between {plan.start_step} and {plan.end_step}"
+    await _finish_run(config, plan, training_client, evaluators, ml_logger, previous, last_row_time)
 
 
-async def _log_step(submitted: SubmittedStep, ml_logger: ml_log.Logger, last_row_time: float) -> float:
+async def _log_step(
+    submitted: SubmittedStep, ml_logger: ml_log.Logger, last_row_time: float, extra: dict[str, Any] | None = None
+) -> float:
     metrics = await finish_step(submitted)
+    metrics.update(extra or {})
     now = time.perf_counter()
     metrics["time/total"] = now - last_row_time
     metrics["perf/tokens_per_s"] = metrics["num_tokens"] / max(metrics["time/total"], 1e-9)
@@ -379,24 +390,22 @@ async def _log_step(submitted: SubmittedStep, ml_logger: ml_log.Logger, last_row
 
 async def _finish_run(
     config: Config, plan: Plan, training_client: tinker.TrainingClient, evaluators: Evaluators,
-    ml_logger: ml_log.Logger,
+    ml_logger: ml_log.Logger, last: SubmittedStep, last_row_time: float,
 ) -> None:
-    """Final evals (a row at step = end_step) and the final checkpoint."""
+    """The last step's row (with the final model's evaluations when the run is finished) and the last checkpoint."""
     name, finished = _final_checkpoint_name(plan)
+    loop_state = {**plan.loop_state(plan.end_step), **({"final": True} if finished else {})}
     pending = checkpoint_utils.start_checkpoint(
-        training_client, name, config.log_path, {**plan.loop_state(plan.end_step), **({"final": True} if finished
-                                                                                       else {})},
-        "both", None if finished else config.ttl_seconds,
+        training_client, name, config.log_path, loop_state, "both", None if finished else config.ttl_seconds
     )
-    final_evals = evaluators.due(plan.end_step, final=True)
-    if final_evals:
-        metrics: dict[str, Any] = {"epoch": plan.position(plan.end_step)[0], "progress": plan.end_step / plan.total_steps}
-        with timed("evals", metrics):
-            metrics.update(await run_evaluators(final_evals, training_client))
-        ml_logger.log_metrics(metrics, step=plan.end_step)
+    final_metrics: dict[str, Any] = {}
+    if finished:
+        with timed("evals", final_metrics):
+            final_metrics.update(await run_evaluators(evaluators.due(plan.end_step, final=True), training_client))
+    await _log_step(last, ml_logger, last_row_time, final_metrics)
     row = await pending.finish_async()
     what = "finished" if finished else f"stopped at max_steps={config.max_steps}"
-    logger.info("training %s after %d steps; final checkpoint %s", what, plan.end_step, row.get("state_path"))
+    logger.info("training %s after %d steps; last checkpoint %s", what, plan.end_step, row.get("state_path"))
 
 
 async def main(config: Config) -> None:
