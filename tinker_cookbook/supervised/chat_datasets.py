@@ -43,20 +43,35 @@ def example_conversations_path() -> Path:
     return Path(__file__).resolve().parents[2] / "example-data" / "conversations.jsonl"
 
 
+def _offline_requested() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
+
+
 def load_hub_dataset(path: str, split: str, name: str | None = None) -> Any:
-    """``datasets.load_dataset(path, name, split=split)``, or a ConfigurationError that says what to do instead."""
+    """``datasets.load_dataset(path, name, split=split)``, or a ConfigurationError that says what to do instead.
+
+    When the hub does not answer a quick connection check, only the local cache is tried, so an offline machine
+    gets its answer in seconds rather than after a minute of retries.
+    """
     import datasets
 
+    from tinker_cookbook.tokenizer_utils import hub_is_reachable
+
+    offline = _offline_requested() or not hub_is_reachable()
+    saved = datasets.config.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = saved or offline
     try:
         return datasets.load_dataset(path, name, split=split)
     except Exception as exc:  # datasets raises many types (ConnectionError, FileNotFoundError, HfHubHTTPError, ...)
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
-        why = "the hub is switched off (HF_HUB_OFFLINE=1)" if offline else "the Hugging Face hub is not reachable"
+        why = "the hub is switched off (HF_HUB_OFFLINE=1)" if _offline_requested() else (
+            "the Hugging Face hub is not reachable" if offline else "loading it from the hub failed")
         raise ConfigurationError(
             f"dataset={path!r} could not be loaded: {why} and it is not in the local cache "
             f"({type(exc).__name__}: {str(exc)[:200]}). Use dataset={EXAMPLE_DATA_NAME} (the project's example data) "
             "or a local .jsonl file of {\"messages\": [...]} rows, or download it where the hub is reachable"
         ) from exc
+    finally:
+        datasets.config.HF_HUB_OFFLINE = saved
 
 
 def _hub_chat_dataset(
