@@ -8,8 +8,11 @@
 
 Default task: turn a description of a person into a four-line contact card (``example-data/conversations.jsonl``,
 272 train / 48 held-out conversations, one epoch of 17 steps of 16). ``test/nll`` falls from about 0.9 (the base
-model) to well under 0.2; see the README for the measured figures and time. Writes ``metrics.jsonl``, ``checkpoints.jsonl``,
-``config.json`` and ``logs.log`` under ``log_path``; run it again to resume (it asks first).
+model) to well under 0.2; see the README for the measured figures and time.
+
+Writes ``metrics.jsonl``, ``checkpoints.jsonl``, ``config.json`` and ``logs.log`` under ``log_path``. Run it again
+to resume: it asks first on a terminal; in a script pass ``behavior_if_log_dir_exists=resume`` (or ``delete``),
+since without a terminal it stops instead of asking.
 """
 
 from __future__ import annotations
