@@ -161,3 +161,24 @@ def test_bad_stop_condition_is_a_clear_error(stop):
 
     with pytest.raises(ValueError, match="BadStop stop condition"):
         run(do_batch_rollouts([Builder()], ScriptedPolicy(["a"])))
+
+
+def test_dataset_shorter_than_batch_size_is_a_clear_error():
+    from tinker_cookbook.rl.math_env import MathDataset
+
+    with pytest.raises(ValueError, match="fewer than batch_size=8"):
+        MathDataset(generate_word_problems(5, seed=0), batch_size=8, group_size=2, renderer=FakeRenderer(),
+                    convo_prefix=None)
+
+
+def test_arithmetic_format_coef_zero_makes_reward_equal_correct():
+    group = problem_group(ArithmeticEnv, 1, "arithmetic", x=1, y=1, renderer=FakeRenderer(), format_coef=0.0)
+
+    class Cut(ScriptedPolicy):
+        async def __call__(self, model_input, stop, *, max_tokens=None):
+            out = await super().__call__(model_input, stop)
+            out.tokens, out.maybe_logprobs = out.tokens[:-1], out.maybe_logprobs[:-1]
+            return out
+
+    [traj] = run(do_group_rollout(group, Cut(["2"]))).trajectories_G
+    assert traj.transitions[0].reward == 1.0 and traj.transitions[0].metrics["format"] == 0.0

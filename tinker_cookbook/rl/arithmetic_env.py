@@ -1,6 +1,7 @@
 """Addition problems ("What is 4 + 5?"): the smallest env on which RL visibly learns.
 
-The answer is the last integer in the reply. Every reply counts as well-formed, so reward = correct. Batch ``i``
+The answer is the last integer in the reply. A reply is well-formed when it ends with the renderer's stop sequence,
+so reward = correct − ``format_coef`` · (reply cut off); ``format_coef=0`` makes reward = correct. Batch ``i``
 is drawn from a generator seeded by ``(seed, i)``, which makes resumed runs replay the same problems.
 """
 
@@ -55,7 +56,7 @@ class ArithmeticDataset(RLDataset):
     """``n_batches`` batches of ``batch_size`` random problems, each rolled out ``group_size`` times."""
 
     def __init__(self, batch_size: int, group_size: int, renderer: Renderer, n_batches: int, max_operand: int = 100,
-                 include_fewshot: bool = True, seed: int = 0) -> None:
+                 include_fewshot: bool = True, seed: int = 0, format_coef: float = 0.1) -> None:
         self.batch_size = batch_size
         self.group_size = group_size
         self.renderer = renderer
@@ -63,6 +64,7 @@ class ArithmeticDataset(RLDataset):
         self.max_operand = max_operand
         self.convo_prefix = list(FEWSHOT_PREFIX) if include_fewshot else []
         self.seed = seed
+        self.format_coef = format_coef
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
         if not 0 <= index < self.n_batches:
@@ -70,7 +72,8 @@ class ArithmeticDataset(RLDataset):
         rng = random.Random(f"{self.seed}-{index}")
         return [
             problem_group(ArithmeticEnv, self.group_size, "arithmetic", x=rng.randint(0, self.max_operand),
-                          y=rng.randint(0, self.max_operand), renderer=self.renderer, convo_prefix=self.convo_prefix)
+                          y=rng.randint(0, self.max_operand), renderer=self.renderer, convo_prefix=self.convo_prefix,
+                          format_coef=self.format_coef)
             for _ in range(self.batch_size)
         ]
 
@@ -92,6 +95,7 @@ class ArithmeticDatasetBuilder(RLDatasetBuilder):
     seed: int = 0
     n_test_problems: int = 0
     test_group_size: int = 1
+    format_coef: float = 0.1
 
     @chz.validate
     def _check(self) -> None:
@@ -107,9 +111,9 @@ class ArithmeticDatasetBuilder(RLDatasetBuilder):
 
         renderer = renderers.get_renderer(self.renderer_name, get_tokenizer(self.model_name_for_tokenizer))
         train = ArithmeticDataset(self.batch_size, self.group_size, renderer, self.n_batches, self.max_operand,
-                                  self.include_fewshot, self.seed)
+                                  self.include_fewshot, self.seed, self.format_coef)
         test = None
         if self.n_test_problems > 0:
             test = ArithmeticDataset(self.n_test_problems, self.test_group_size, renderer, 1, self.max_operand,
-                                     self.include_fewshot, seed=self.seed + 1_000_003)
+                                     self.include_fewshot, seed=self.seed + 1_000_003, format_coef=self.format_coef)
         return train, test
