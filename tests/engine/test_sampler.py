@@ -14,6 +14,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Conf
 from tinker_cookbook import assets
 from tinker_cookbook.engine import sampler_model
 from tinker_cookbook.engine.sampler import SamplerEngine, SamplingWeights, default_sampling_dtype
+from tinker_cookbook.engine.sampler_batch import KVPool
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError, RequestFailedError, UnprocessableEntityError
 
@@ -382,15 +383,39 @@ def test_lora_fp32_logprobs_equal_peft_forward(engine: SamplerEngine, tokenizer:
 
 
 def test_bf16_mode_stays_close_to_fp32(engine: SamplerEngine, qwen3: Any, tokenizer: Any) -> None:
+    """bf16 weights and cache: concurrent requests of different lengths give finite logprobs near fp32 HF."""
     weights = _weights(qwen3, torch.bfloat16)
-    prompt_tokens = tokenizer.encode("Lower precision")
-    response = _sample(
-        engine, weights, tokenizer, types.ModelInput.from_ints(prompt_tokens), 2, max_tokens=12, seed=9
-    )
-    for sequence in response.sequences:
-        reference = _hf_logprobs(qwen3, prompt_tokens + sequence.tokens)[len(prompt_tokens) - 1 : -1]
-        picked = reference.gather(1, torch.tensor(sequence.tokens)[:, None])[:, 0]
-        assert (torch.tensor(sequence.logprobs) - picked).abs().mean() < 0.1
+    prompts = [
+        tokenizer.encode(text) for text in ("Lower precision", "Another prompt that is quite a bit longer")
+    ]
+    futures = [
+        engine.submit(
+            weights, tokenizer, types.ModelInput.from_ints(p), 3, types.SamplingParams(max_tokens=m, seed=9)
+        )
+        for p, m in zip(prompts, (12, 30))
+    ]
+    for prompt_tokens, future in zip(prompts, futures):
+        for sequence in future.result(timeout=60).sequences:
+            reference = _hf_logprobs(qwen3, prompt_tokens + sequence.tokens)[len(prompt_tokens) - 1 : -1]
+            picked = reference.gather(1, torch.tensor(sequence.tokens)[:, None])[:, 0]
+            assert (torch.tensor(sequence.logprobs) - picked).abs().mean() < 0.1
+
+
+def test_kv_pool_growth_keeps_contents_and_zeroes_new_space(qwen3_weights: SamplingWeights) -> None:
+    spec = qwen3_weights.decoder.spec
+    pool = KVPool(spec, torch.bfloat16, torch.device("cpu"))
+    pool.ensure(2, 10, used_slots=0, used_length=0)
+    assert (pool.slots, pool.capacity) == (2, 64)
+    kv = torch.full((spec.num_layers, 2, spec.num_kv_heads, 10, spec.head_dim), 3.0)
+    pool.load(1, kv)
+    pool.ensure(3, 70, used_slots=2, used_length=10)
+    assert pool.slots >= 3 and pool.capacity >= 96
+    assert pool.cache is not None
+    assert bool((pool.cache[:, :, 1, :, :10] == 3.0).all())
+    # Attention reads masked positions too: new space must hold zeros, never stale NaN bit patterns.
+    assert bool((pool.cache[:, :, 1, :, 10:] == 0).all()) and bool((pool.cache[:, :, 2:] == 0).all())
+    pool.move(1, 0, 10)
+    assert bool((pool.cache[:, :, 0, :, :10] == 3.0).all())
 
 
 def test_concurrent_requests_are_batched(qwen3_weights: SamplingWeights, tokenizer: Any) -> None:

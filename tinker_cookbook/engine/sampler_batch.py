@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tinker_cookbook.engine.sampler_model import DecoderSpec
+from tinker_cookbook.engine.sampler_model import DecoderSpec, top_columns
 
 # Top-p first looks for the nucleus among this many most likely tokens and sorts the full vocabulary only for rows
 # whose nucleus is wider (rare: flat distributions with top_p close to 1).
@@ -90,7 +90,8 @@ class KVPool:
         new_length = max(length, int(1.5 * self.capacity)) if length > self.capacity else self.capacity
         new_length = min(-(-new_length // 64) * 64, self.spec.max_positions)
         spec = self.spec
-        cache = torch.empty(
+        # Zeroed, not empty: attention reads masked positions too, and a NaN bit pattern there would poison it.
+        cache = torch.zeros(
             spec.num_layers,
             2,
             new_slots,
@@ -123,12 +124,33 @@ class KVPool:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draw of one index per row of (unnormalised) ``probs``."""
-    cdf = probs.cumsum(-1)
-    target = uniforms.to(cdf.dtype)[:, None] * cdf[:, -1:]
-    index = torch.searchsorted(cdf, target, right=True)[:, 0]
-    return index.clamp_(max=probs.shape[-1] - 1)
+_DRAW_BLOCK = 256
+
+
+def _draw(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw of one column per row of non-negative, unnormalised ``weights``.
+
+    Two levels (block sums, then one block) instead of a cumulative sum over the whole vocabulary: each full-width
+    pass over ``[rows, vocab]`` costs milliseconds on CPU. The result depends only on the row itself.
+    """
+    rows, width = weights.shape
+    pad = -width % _DRAW_BLOCK
+    padded = torch.nn.functional.pad(weights, (0, pad)) if pad else weights
+    blocks = padded.view(rows, -1, _DRAW_BLOCK)
+    block_sums = blocks.sum(dim=-1)
+    cumulative = block_sums.cumsum(dim=-1)
+    target = uniforms.to(cumulative.dtype) * cumulative[:, -1]
+    block = torch.searchsorted(cumulative, target[:, None], right=True)[:, 0].clamp_(max=blocks.shape[1] - 1)
+    row_index = torch.arange(rows, device=weights.device)
+    remainder = target - (cumulative[row_index, block] - block_sums[row_index, block])
+    within = blocks[row_index, block].cumsum(dim=-1)
+    offset = torch.searchsorted(within, remainder[:, None], right=True)[:, 0].clamp_(max=_DRAW_BLOCK - 1)
+    chosen = (block * _DRAW_BLOCK + offset).clamp_(max=width - 1)
+    # Rounding at a block edge can land on a zero-weight column (a masked token or padding): take the row's best.
+    zero = weights.gather(1, chosen[:, None])[:, 0] <= 0
+    if bool(zero.any()):
+        chosen[zero] = top_columns(weights[zero], 1)[:, 0]
+    return chosen
 
 
 def _truncated_draw(
@@ -142,8 +164,8 @@ def _truncated_draw(
     if bool(needs_nucleus.any()):
         width = min(width, _NUCLEUS_CANDIDATES)
     width = min(width, vocab)
-    values, indices = scaled.topk(width, dim=-1)
-    probs = torch.exp(values - lse[:, None])
+    indices = top_columns(scaled, width)
+    probs = torch.exp(scaled.gather(1, indices) - lse[:, None])
     # Rows whose nucleus may reach past the candidates: top_p not reached within them and no top_k cut before.
     short = needs_nucleus & (probs.sum(-1) < top_p) & (limit > width)
     if bool(short.any()):
@@ -172,21 +194,24 @@ def select_tokens(
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
     greedy = temperature == 0
-    if bool((temperature == 1.0).all()):
+    if all(p.temperature == 1.0 for p in params):
         scaled = logits
     else:
         scaled = logits / torch.where(greedy, 1.0, temperature)[:, None]
-    lse = torch.logsumexp(scaled, dim=-1)
+    # logsumexp by hand: the exponentials are the sampling weights too, so the vocabulary is swept once.
+    peak = scaled.amax(dim=-1, keepdim=True)
+    weights = (scaled - peak).exp_()
+    lse = peak[:, 0] + weights.sum(dim=-1).log()
     u = torch.tensor(uniforms, dtype=torch.float64, device=device)
     truncated = [p.temperature > 0 and (p.top_k > 0 or p.top_p < 1.0) for p in params]
     if not any(truncated) and not bool(greedy.any()):
-        tokens = _draw(torch.exp(scaled - lse[:, None]), u)
+        tokens = _draw(weights, u)
     else:
-        tokens = scaled.argmax(dim=-1)
+        tokens = top_columns(scaled, 1)[:, 0]
         plain = ~greedy & ~torch.tensor(truncated, device=device)
         if bool(plain.any()):
             rows = plain.nonzero()[:, 0]
-            tokens[rows] = _draw(torch.exp(scaled[rows] - lse[rows, None]), u[rows])
+            tokens[rows] = _draw(weights[rows], u[rows])
         if any(truncated):
             rows = torch.tensor([i for i, t in enumerate(truncated) if t], device=device)
             top_k = torch.tensor([params[i].top_k for i in rows.tolist()], device=device)
