@@ -555,6 +555,63 @@ def test_closed_engine_refuses_and_fails_pending(qwen3_weights: SamplingWeights,
     assert isinstance(pending, concurrent.futures.Future) and pending.done()
 
 
+def _tiny_qwen3_vl() -> torch.nn.Module:
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    torch.manual_seed(2)
+    rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}
+    text = {
+        "vocab_size": 151936,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rope_scaling": rope,
+        "initializer_range": _INIT,
+    }
+    vision = {
+        "depth": 1,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": 64,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "deepstack_visual_indexes": [0],
+    }
+    config = Qwen3VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=151655,
+        video_token_id=151656,
+        vision_start_token_id=151652,
+        vision_end_token_id=151653,
+    )
+    return Qwen3VLForConditionalGeneration(config).eval()
+
+
+def test_qwen3_vl_text_prompts_sample_and_images_are_refused(engine: SamplerEngine, tokenizer: Any) -> None:
+    model = _tiny_qwen3_vl()
+    weights = _weights(model)
+    prompt = tokenizer.encode("<|im_start|>user\nDescribe nothing.<|im_end|>\n<|im_start|>assistant\n")
+    greedy = _sample(
+        engine, weights, tokenizer, types.ModelInput.from_ints(prompt), max_tokens=6, temperature=0.0
+    )
+    assert greedy.sequences[0].tokens == _hf_greedy(model, prompt, 6)
+    image = types.ModelInput(
+        chunks=[
+            types.EncodedTextChunk(tokens=tokenizer.encode("<|vision_start|>")),
+            types.ImageChunk(data=b"\x89PNG", format="png", expected_tokens=4),
+            types.EncodedTextChunk(tokens=tokenizer.encode("<|vision_end|>What is this?")),
+        ]
+    )
+    with pytest.raises(UnprocessableEntityError, match="not supported by the local sampler yet"):
+        engine.submit(weights, tokenizer, image, 1, types.SamplingParams(max_tokens=2))
+
+
 def test_unsupported_architecture_is_refused() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 

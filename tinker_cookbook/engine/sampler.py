@@ -89,9 +89,12 @@ def default_sampling_dtype() -> torch.dtype:
     return _DTYPES[value]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SamplingWeights:
-    """Immutable weights of one model snapshot for sampling (base + optional LoRA, merged once)."""
+    """Immutable weights of one model snapshot for sampling (base + optional LoRA, merged once).
+
+    Compared and hashed by identity: each snapshot is its own batch in the engine.
+    """
 
     decoder: sampler_model.DecoderWeights
     limits: ModelLimits
