@@ -449,6 +449,30 @@ def test_concurrent_requests_are_batched(qwen3_weights: SamplingWeights, tokeniz
     assert stats.decode_steps < stats.tokens_generated / 4
 
 
+def test_requests_with_the_same_prompt_share_one_prefill(
+    qwen3_weights: SamplingWeights, tokenizer: Any
+) -> None:
+    prompt = _prompt(tokenizer, "one prompt, many requests")
+    with SamplerEngine() as fresh:
+        alone = [
+            fresh.submit(
+                qwen3_weights, tokenizer, prompt, 2, types.SamplingParams(max_tokens=5, seed=s)
+            ).result()
+            for s in range(3)
+        ]
+        before = fresh.stats().prompts_prefilled
+        # Holding the engine's lock keeps the worker from admitting until all three are queued.
+        with fresh._cond:
+            futures = [
+                fresh.submit(qwen3_weights, tokenizer, prompt, 2, types.SamplingParams(max_tokens=5, seed=s))
+                for s in range(3)
+            ]
+        together = [f.result(timeout=60) for f in futures]
+        assert fresh.stats().prompts_prefilled == before + 1
+    for a, b in zip(alone, together):
+        assert [s.tokens for s in a.sequences] == [s.tokens for s in b.sequences]
+
+
 def test_compute_logprobs_request_needs_no_decode_step(
     qwen3_weights: SamplingWeights, tokenizer: Any
 ) -> None:

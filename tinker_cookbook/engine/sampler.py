@@ -149,6 +149,8 @@ class SamplerStats:
     decode_steps: int = 0
     prefill_forwards: int = 0
     prompts_prefilled: int = 0
+    """Distinct prompts run through prefill (requests with the same prompt in one prefill share it)."""
+
     prefill_tokens: int = 0
     max_batch_sequences_seen: int = 0
     """The most sequences advanced by a single decode step: > 1 shows that requests were batched together."""
@@ -317,9 +319,11 @@ class SamplerEngine:
             self._prefill(batch, chosen)
 
     def _prefill(self, batch: _Batch, requests: list[_Request]) -> None:
+        """One packed forward over the distinct prompts of ``requests`` (identical prompts are computed once)."""
         decoder = batch.weights.decoder
+        distinct = list(dict.fromkeys(tuple(r.spec.prompt) for r in requests))
         try:
-            result = sampler_model.prefill(decoder, [r.spec.prompt for r in requests], batch.pool.dtype)
+            result = sampler_model.prefill(decoder, [list(p) for p in distinct], batch.pool.dtype)
         except Exception as error:  # noqa: BLE001 - isolate the request that breaks the forward
             if len(requests) == 1:
                 self._fail(requests[0], error)
@@ -329,12 +333,14 @@ class SamplerEngine:
             return
         stats = self._stats
         stats.prefill_forwards += 1
-        stats.prompts_prefilled += len(requests)
-        stats.prefill_tokens += sum(len(r.spec.prompt) for r in requests)
-        stats.max_prompts_per_prefill = max(stats.max_prompts_per_prefill, len(requests))
-        for request, kv, hidden in zip(requests, result.kv, result.hidden):
+        stats.prompts_prefilled += len(distinct)
+        stats.prefill_tokens += sum(len(p) for p in distinct)
+        stats.max_prompts_per_prefill = max(stats.max_prompts_per_prefill, len(distinct))
+        outputs = {prompt: (kv, hidden) for prompt, kv, hidden in zip(distinct, result.kv, result.hidden)}
+        for request in requests:
             try:
-                self._start(batch, request, kv, hidden)
+                # Requests sharing a prompt share its K/V tensor: it is only ever read (copied into slots).
+                self._start(batch, request, *outputs[tuple(request.spec.prompt)])
             except Exception as error:  # noqa: BLE001 - one request's failure must not stop the others
                 self._fail(request, error)
 

@@ -124,7 +124,9 @@ class KVPool:
 # --------------------------------------------------------------------------------------------------------------
 
 
-_DRAW_BLOCK = 256
+def _block_size(width: int) -> int:
+    """A block size that divides ``width`` if one of the usual ones does (no padding copy), else 256."""
+    return next((b for b in (256, 128, 64) if width % b == 0), 256)
 
 
 def _draw(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -134,9 +136,10 @@ def _draw(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     pass over ``[rows, vocab]`` costs milliseconds on CPU. The result depends only on the row itself.
     """
     rows, width = weights.shape
-    pad = -width % _DRAW_BLOCK
+    size = _block_size(width)
+    pad = -width % size
     padded = torch.nn.functional.pad(weights, (0, pad)) if pad else weights
-    blocks = padded.view(rows, -1, _DRAW_BLOCK)
+    blocks = padded.view(rows, -1, size)
     block_sums = blocks.sum(dim=-1)
     cumulative = block_sums.cumsum(dim=-1)
     target = uniforms.to(cumulative.dtype) * cumulative[:, -1]
@@ -144,8 +147,8 @@ def _draw(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     row_index = torch.arange(rows, device=weights.device)
     remainder = target - (cumulative[row_index, block] - block_sums[row_index, block])
     within = blocks[row_index, block].cumsum(dim=-1)
-    offset = torch.searchsorted(within, remainder[:, None], right=True)[:, 0].clamp_(max=_DRAW_BLOCK - 1)
-    chosen = (block * _DRAW_BLOCK + offset).clamp_(max=width - 1)
+    offset = torch.searchsorted(within, remainder[:, None], right=True)[:, 0].clamp_(max=size - 1)
+    chosen = (block * size + offset).clamp_(max=width - 1)
     # Rounding at a block edge can land on a zero-weight column (a masked token or padding): take the row's best.
     zero = weights.gather(1, chosen[:, None])[:, 0] <= 0
     if bool(zero.any()):
