@@ -5,10 +5,12 @@
     python -m recipes.rl_basic env=gsm8k model_name=meta-llama/Llama-3.1-8B group_size=16 batch_size=128 \\
         learning_rate=4e-5 max_tokens=256                        # the docs' GSM8K run, where the model is available
 
-Default: 8 problems × 8 samples per iteration, reward = correct (the last integer of the reply is the sum).
-Measured on 2 CPU cores: ``env/all/correct`` climbs from about 0.2 to well above it within 20 minutes; see the
-README for the figures. Writes ``metrics.jsonl``, ``checkpoints.jsonl``, ``config.json`` and
-``iteration_NNNNNN/train.html`` under ``log_path``.
+Default: 12 iterations of 8 problems × 8 samples, reward = correct − 0.1 · (reply cut off before its stop token).
+Measured on 2 shared CPU cores (fast malloc on, other jobs running): 15 min for the 12 iterations (70–95 s each,
+mostly ``forward_backward``); ``env/all/correct`` per iteration 0.11, 0.14, 0.27, 0.59, 0.67, 0.86, 0.98, 0.89,
+0.95, 0.92, 0.86, 0.98 and ``env/all/reward/total`` 0.09 → 0.93: the model learns to answer "x + y = z".
+Writes ``metrics.jsonl``, ``checkpoints.jsonl``, ``config.json`` and ``iteration_NNNNNN/train.html`` under
+``log_path``.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class CLIConfig:
     env: Literal["arithmetic", "gsm8k"] = "arithmetic"
     batch_size: int = 8
     group_size: int = 8
-    n_batches: int = 200
+    n_batches: int = 12
     max_operand: int = 9
     """Arithmetic only: operands are drawn from 0..max_operand."""
 

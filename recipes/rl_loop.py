@@ -42,7 +42,7 @@ class Config:
     learning_rate: float = 3e-4
     max_tokens: int = 8
     lora_rank: int = 32
-    n_steps: int = 60
+    n_steps: int = 12
     max_steps: int | None = None
     save_every: int = 20
     seed: int = 0
