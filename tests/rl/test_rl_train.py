@@ -295,3 +295,18 @@ def test_env_errors_stop_the_run_or_are_skipped(tmp_path):
     run(train.main(tolerant))
     rows = [r for r in _metrics(tolerant.log_path) if "rollout/failed_groups" in r]
     assert [r["rollout/failed_groups"] for r in rows] == [1.0, 1.0]
+
+
+def test_kl_penalty_and_ppo_loss_config(tmp_path):
+    cfg = _config(tmp_path, "kl", max_steps=1, eval_every=0, kl_penalty_coef=0.5, loss_fn="ppo",
+                  loss_fn_config={"clip_low_threshold": 0.9, "clip_high_threshold": 1.1})
+    run(train.main(cfg))
+    [row] = [r for r in _metrics(cfg.log_path) if "env/all/reward/total" in r]
+    # Right after init the LoRA output is zero, so the policy equals the base model: the KL is ~0.
+    assert abs(row["kl_policy_base"]) < 1e-3 and "optim/kl_sample_train_v1" in row
+
+
+def test_unknown_loss_config_key_is_an_error(tmp_path):
+    cfg = _config(tmp_path, "badloss", max_steps=1, eval_every=0, loss_fn="ppo", loss_fn_config={"beta": 1.0})
+    with pytest.raises(tinker.BadRequestError, match="beta"):
+        run(train.main(cfg))
