@@ -159,7 +159,7 @@ def test_bad_stop_condition_is_a_clear_error(stop):
         async def make_envs(self):
             return [BadStop()]
 
-    with pytest.raises(ValueError, match="BadStop stop condition"):
+    with pytest.raises((TypeError, ValueError), match="BadStop stop condition"):
         run(do_batch_rollouts([Builder()], ScriptedPolicy(["a"])))
 
 

@@ -171,9 +171,11 @@ def test_forward_backward_and_optim_step_are_submitted_back_to_back(service):
 def _config(tmp_path: Path, name: str, **overrides: Any) -> train.Config:
     builder = ArithmeticDatasetBuilder(batch_size=2, group_size=4, model_name_for_tokenizer=MODEL,
                                        renderer_name=RENDERER, n_batches=6, max_operand=9, n_test_problems=2)
-    values: dict[str, Any] = dict(learning_rate=1e-3, dataset_builder=builder, model_name=MODEL, renderer_name=RENDERER,
-                                  max_tokens=4, log_path=str(tmp_path / name), lora_rank=4, eval_every=2,
-                                  save_every=2, max_steps=4, behavior_if_log_dir_exists="resume")
+    values: dict[str, Any] = {
+        "learning_rate": 1e-3, "dataset_builder": builder, "model_name": MODEL, "renderer_name": RENDERER,
+        "max_tokens": 4, "log_path": str(tmp_path / name), "lora_rank": 4, "eval_every": 2, "save_every": 2,
+        "max_steps": 4, "behavior_if_log_dir_exists": "resume",
+    }
     values.update(overrides)
     return train.Config(**values)
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import random
 import re
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import chz
 

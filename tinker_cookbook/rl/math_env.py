@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Sequence
+from typing import TYPE_CHECKING, Literal
 
 import chz
 

@@ -10,7 +10,7 @@ the mean of every per-step and per-group metric the envs report (``correct``, ``
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 from tinker_cookbook import tinker
 from tinker_cookbook.completers import TinkerTokenCompleter

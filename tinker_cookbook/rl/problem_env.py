@@ -10,8 +10,9 @@ sequence (not when it ran out of tokens).
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tinker_cookbook import tinker
 from tinker_cookbook.completers import StopCondition

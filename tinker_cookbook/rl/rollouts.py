@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from tinker_cookbook.completers import StopCondition, TokenCompleter
 from tinker_cookbook.exceptions import AllTrajectoriesFailedError
@@ -31,10 +31,10 @@ logger = logging.getLogger(__name__)
 
 
 def check_stop_condition(stop: StopCondition, env: Env) -> StopCondition:
-    """``stop`` as a list, or a ValueError naming the env when it is not a list of strings or of token ids."""
+    """``stop`` as a list; a TypeError (not a list) or ValueError (bad entries) naming the env otherwise."""
     where = f"{type(env).__name__} stop condition"
     if not isinstance(stop, (list, tuple)):
-        raise ValueError(f"{where} is {stop!r}; return a list of stop strings or a list of token ids")
+        raise TypeError(f"{where} is {stop!r}; return a list of stop strings or a list of token ids")
     stop = list(stop)
     if all(isinstance(s, str) for s in stop):
         if any(s == "" for s in stop):

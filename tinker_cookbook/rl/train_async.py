@@ -94,7 +94,7 @@ class _AsyncRun:
                 try:
                     group = await do_group_rollout(builder, policy)
                     await self.results.put(_Result(builder, sampler.step, group))
-                except Exception as exc:  # reported to the trainer, which applies the tolerance setting
+                except Exception as exc:  # noqa: BLE001 - reported to the trainer, which applies the tolerance setting
                     await self.results.put(_Result(builder, sampler.step, None, exc))
         finally:
             self.live_workers -= 1

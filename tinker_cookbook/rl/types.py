@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence, TypeAlias
+from typing import TypeAlias
 
 import chz
 

@@ -16,9 +16,10 @@ All text is HTML-escaped.
 from __future__ import annotations
 
 import html
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; max-width: 70em; }
