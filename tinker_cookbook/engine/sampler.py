@@ -75,18 +75,26 @@ _SCORE_CHUNK = 256
 
 
 def default_sampling_dtype() -> torch.dtype:
-    """The sampler's default precision: bf16, or what ``$TINKER_COOKBOOK_SAMPLER_DTYPE`` (fp32|bf16) says.
+    """The sampler's default precision: ``$TINKER_COOKBOOK_SAMPLER_DTYPE`` (fp32|bf16) if set, else bf16 where the
+    hardware has bf16 matmul units (AMX / AVX512-BF16 CPUs, CUDA GPUs) and fp32 elsewhere.
 
-    bf16 decodes several times faster on CPUs with bf16 matmul units; its sampled-token logprobs differ from an
-    fp32 learner's by about 0.02 on average on SmolLM2-135M (see bench/bench_sampling.py), which the importance-
-    sampling losses correct. Choose fp32 when sampler and learner logprobs must agree to 1e-3.
+    On SmolLM2-135M bf16 sampling reports logprobs that differ from an fp32 learner's by about 0.02 on average
+    (kl_sample_train v2 about 5e-4; see bench/bench_sampling.py), which the importance-sampling losses correct.
+    Choose fp32 when sampler and learner logprobs must agree to 1e-3.
     """
     value = os.environ.get(DTYPE_ENV, "").strip().lower()
     if not value:
-        return torch.bfloat16
+        return torch.bfloat16 if _bf16_is_fast() else torch.float32
     if value not in _DTYPES:
         raise BadRequestError(f"${DTYPE_ENV}={value!r} is not a sampler dtype; use one of fp32, bf16")
     return _DTYPES[value]
+
+
+def _bf16_is_fast() -> bool:
+    if torch.cuda.is_available():
+        return True
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # private, so looked up defensively
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
 
 
 @dataclass(frozen=True, eq=False)
@@ -288,11 +296,25 @@ class SamplerEngine:
                         self._batches[key] = _Batch(request.weights)
                     self._batches[key].waiting.append(request)
                 for key, batch in list(self._batches.items()):
-                    self._step(batch)
+                    try:
+                        self._step(batch)
+                    except Exception as error:  # noqa: BLE001 - e.g. out of memory growing the cache
+                        # Unexpected here (forward errors are handled per request): fail this snapshot's
+                        # requests rather than let the worker die with every future left pending.
+                        for request in self._requests_of(batch):
+                            self._fail(request, error)
+                        batch.waiting.clear()
+                        batch.ready.clear()
+                        batch.active = []
                     if batch.idle:
                         batch.pool.release()
                         del self._batches[key]
         self._fail_everything(RequestFailedError("the sampler engine was closed before the request finished"))
+
+    @staticmethod
+    def _requests_of(batch: _Batch) -> list[_Request]:
+        sequences = [*batch.ready, *batch.active]
+        return list(batch.waiting) + [s.request for s in sequences]
 
     def _step(self, batch: _Batch) -> None:
         self._admit(batch)
@@ -483,9 +505,7 @@ class SamplerEngine:
             pending = list(self._incoming)
             self._incoming = []
         for batch in self._batches.values():
-            pending += (
-                list(batch.waiting) + [s.request for s in batch.ready] + [s.request for s in batch.active]
-            )
+            pending += self._requests_of(batch)
             batch.pool.release()
         self._batches.clear()
         for request in pending:

@@ -22,6 +22,8 @@ from tinker_cookbook.engine.sampler_model import DecoderSpec, top_columns
 # Top-p first looks for the nucleus among this many most likely tokens and sorts the full vocabulary only for rows
 # whose nucleus is wider (rare: flat distributions with top_p close to 1).
 _NUCLEUS_CANDIDATES = 1024
+# A cache is only shrunk when it holds more than four times this many (slot, position) pairs.
+_MIN_SHRINK_ELEMENTS = 64 * 512
 
 
 @dataclass(frozen=True)
@@ -82,13 +84,19 @@ class KVPool:
         return 0 if self.cache is None else self.cache.shape[4]
 
     def ensure(self, slots: int, length: int, *, used_slots: int, used_length: int) -> None:
-        """Make room for ``slots`` sequences of up to ``length`` positions, keeping the used region."""
-        if slots <= self.slots and length <= self.capacity:
+        """Make room for ``slots`` sequences of up to ``length`` positions, keeping the used region.
+
+        Reallocates with headroom (25% more slots, 50% more positions) so that a batch growing one sequence or
+        one token at a time reallocates O(log n) times; and shrinks a cache four times larger than needed, so a
+        long-lived batch does not keep the memory of its busiest moment.
+        """
+        needed = slots * length
+        fits = slots <= self.slots and length <= self.capacity
+        oversized = self.slots * self.capacity > 4 * max(needed, _MIN_SHRINK_ELEMENTS)
+        if fits and not oversized:
             return
-        # Grow geometrically so that a batch that slowly lengthens reallocates O(log n) times.
-        new_slots = max(slots, min(2 * self.slots, slots + 64)) if slots > self.slots else self.slots
-        new_length = max(length, int(1.5 * self.capacity)) if length > self.capacity else self.capacity
-        new_length = min(-(-new_length // 64) * 64, self.spec.max_positions)
+        new_slots = slots + max(8, slots // 4)
+        new_length = min(-(-max(length + 64, length * 3 // 2) // 64) * 64, self.spec.max_positions)
         spec = self.spec
         # Zeroed, not empty: attention reads masked positions too, and a NaN bit pattern there would poison it.
         cache = torch.zeros(
@@ -102,7 +110,7 @@ class KVPool:
             device=self.device,
         )
         if self.cache is not None:
-            keep_slots, keep_length = min(used_slots, self.slots), min(used_length, self.capacity)
+            keep_slots, keep_length = min(used_slots, self.slots, new_slots), min(used_length, self.capacity)
             cache[:, :, :keep_slots, :, :keep_length] = self.cache[:, :, :keep_slots, :, :keep_length]
         self.cache = cache
 
