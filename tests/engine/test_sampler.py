@@ -63,6 +63,27 @@ def _tiny_llama() -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval()
 
 
+def _tiny_qwen2() -> torch.nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(3)
+    config = Qwen2Config(
+        vocab_size=151936,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=_INIT,
+    )
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():  # q/k/v biases start at zero: make them count
+        for name, parameter in model.named_parameters():
+            if name.endswith("proj.bias"):
+                parameter.normal_(0.0, 0.5)
+    return model
+
+
 def _weights(model: torch.nn.Module, dtype: torch.dtype = torch.float32) -> SamplingWeights:
     return SamplingWeights.build(model.config, model.state_dict(), None, None, dtype)
 
@@ -123,7 +144,9 @@ def _sample(
 # --------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("make", [_tiny_qwen3, _tiny_llama], ids=["qwen3", "llama3-rope-tied"])
+@pytest.mark.parametrize(
+    "make", [_tiny_qwen3, _tiny_llama, _tiny_qwen2], ids=["qwen3", "llama3-rope-tied", "qwen2-qkv-bias"]
+)
 def test_decoder_matches_hf_logits(make: Any) -> None:
     model = make()
     weights = _weights(model).decoder

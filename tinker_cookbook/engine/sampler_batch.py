@@ -55,7 +55,6 @@ class Sequence:
     prompt_len: int
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    stop_reason: str | None = None
 
     @property
     def cached(self) -> int:

@@ -1,13 +1,14 @@
 """A compact decoder for sampling: llama / qwen2 / qwen3 (and the text part of qwen3-vl) without nn.Module overhead.
 
-The sampler runs one decode step for hundreds of sequences at a time; the HF modules and ``DynamicCache`` cost
-more in Python bookkeeping than the matmuls do at these sizes. This module keeps only what sampling needs:
+The sampler advances hundreds of sequences per decode step; HF modules with ``DynamicCache`` spend more time in
+Python bookkeeping and small ops than in the matmuls at these sizes. This module keeps only what sampling needs:
 
 - weights fused per layer (``q|k|v`` and ``gate|up`` are one matmul each), LoRA merged once per snapshot
-  (``W + scale * B @ A``), tied embeddings shared with the unembedding;
+  (``W + scale * B @ A``), bf16 weights pre-packed for oneDNN, tied embeddings shared with the unembedding;
 - ``prefill``: several prompts packed into one token matrix (no padding) for the linear layers, causal attention per
-  prompt, returning each prompt's K/V and the logits rows that were asked for;
-- ``decode``: one token for each of ``n`` sequences against a slot-major K/V cache with per-sequence lengths.
+  prompt, returning each prompt's K/V and final hidden states;
+- ``decode``: one token for each of ``n`` sequences against a slot-major K/V cache with per-sequence lengths;
+- ``logits``: the unembedding, with the largest logits of each row recomputed in fp32 when the weights are bf16.
 
 Precision: the residual stream, norms, RoPE and softmax run in fp32; only the matmul weights (and the K/V cache) take
 the snapshot's dtype. In fp32 this reproduces the HF forward to ~1e-5.
