@@ -237,6 +237,19 @@ def test_seed_gives_same_tokens_alone_and_batched(
     assert [s.tokens for s in other_seed.sequences] != [s.tokens for s in alone.sequences]
 
 
+def test_prompt_of_several_text_chunks_equals_joined_prompt(
+    engine: SamplerEngine, qwen3_weights: SamplingWeights, tokenizer: Any
+) -> None:
+    first, second = tokenizer.encode("Two chunks"), tokenizer.encode(" make one prompt")
+    chunked = types.ModelInput(
+        chunks=[types.EncodedTextChunk(tokens=first), types.EncodedTextChunk(tokens=second)]
+    )
+    joined = types.ModelInput.from_ints(first + second)
+    a = _sample(engine, qwen3_weights, tokenizer, chunked, 2, max_tokens=6, seed=21)
+    b = _sample(engine, qwen3_weights, tokenizer, joined, 2, max_tokens=6, seed=21)
+    assert [s.tokens for s in a.sequences] == [s.tokens for s in b.sequences]
+
+
 def test_sampled_logprobs_follow_temperature(
     engine: SamplerEngine, qwen3: Any, qwen3_weights: SamplingWeights, tokenizer: Any
 ) -> None:
