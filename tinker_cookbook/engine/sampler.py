@@ -375,7 +375,7 @@ class SamplerEngine:
             scored, topk = _score_prompt(decoder, hidden, spec.prompt, spec.topk_prompt_logprobs)
             request.prompt_logprobs = scored if spec.include_prompt_logprobs else None
             request.topk_prompt_logprobs = topk
-        last = sampler_model.logits(decoder, hidden[-1:]).expand(spec.num_samples, -1)
+        last = sampler_model.logits(decoder, hidden[-1:])
         sequences = [
             Sequence(
                 request=request,
@@ -389,13 +389,15 @@ class SamplerEngine:
             )
             for index, rng in enumerate(request.sample_rngs())
         ]
-        tokens, logprobs = select_tokens(
-            last, [s.params for s in sequences], [s.next_uniform() for s in sequences]
-        )
-        for sequence, token, logprob in zip(sequences, tokens, logprobs):
-            if not self._advance(sequence, token, logprob):
-                batch.ready.append(sequence)
-                request.unplaced += 1
+        # All samples share the prompt's last logits; draw in batch-sized chunks to bound the [rows, vocab] memory.
+        for start in range(0, len(sequences), self.max_batch_sequences):
+            chunk = sequences[start : start + self.max_batch_sequences]
+            uniforms = [s.next_uniform() for s in chunk]
+            tokens, logprobs = select_tokens(last.expand(len(chunk), -1), [s.params for s in chunk], uniforms)
+            for sequence, token, logprob in zip(chunk, tokens, logprobs):
+                if not self._advance(sequence, token, logprob):
+                    batch.ready.append(sequence)
+                    request.unplaced += 1
         if request.unplaced:
             request.kv = kv
 
