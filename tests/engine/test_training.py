@@ -333,3 +333,26 @@ def test_bad_lora_config(service):
         service.create_lora_training_client(base_model=MODEL, rank=0)
     with pytest.raises(BadRequestError, match="at least one"):
         service.create_lora_training_client(base_model=MODEL, train_attn=False, train_mlp=False, train_unembed=False)
+
+
+def test_length_groups_bound_padding():
+    from tinker_cookbook.engine.training import GROUP_MAX_PAD_FRACTION, GROUP_MAX_TOKENS, _length_groups
+
+    lengths = [64, 500, 70, 65, 512, 300, 66, 2000, 3000]
+    groups = _length_groups(lengths)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for group in groups:
+        padded = max(lengths[i] for i in group) * len(group)
+        if len(group) > 1:
+            assert padded <= GROUP_MAX_TOKENS
+            assert padded - sum(lengths[i] for i in group) <= GROUP_MAX_PAD_FRACTION * padded
+    assert [0, 2, 3, 6] in [sorted(g) for g in groups]  # the four short ones run together
+
+
+def test_batched_and_single_forward_agree(service):
+    tc = _client(service, seed=5)
+    data = _batch(11, 6)
+    together = tc.forward(data, "cross_entropy").result().loss_fn_outputs
+    for datum, out in zip(data, together):
+        alone = tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]
+        np.testing.assert_allclose(out["logprobs"].to_numpy(), alone["logprobs"].to_numpy(), atol=1e-5)

@@ -8,7 +8,7 @@ request's adapter first.
 Memory: a sequence's logprobs are computed from the final hidden states in token chunks, each chunk's loss
 backpropagated to the hidden states before the next chunk's logits exist, so full-vocabulary fp32 logits (and
 their gradients) never exist for more than one chunk at once.
-Sequences are processed one at a time with no padding, which also means no compute is spent on pad tokens.
+Sequences of similar length run together as one right-padded batch, with padding bounded to a small fraction.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError, UnprocessableEntityError
 
 LOGPROB_CHUNK_TOKENS = 256
+GROUP_MAX_TOKENS = 2048
+GROUP_MAX_PAD_FRACTION = 0.15
 LORA_ALPHA = 32
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -40,6 +42,8 @@ ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
 
+TokenLoss = Callable[[torch.Tensor, slice], torch.Tensor]
+"""A loss that is a sum of per-token terms: (logprobs of a span of tokens, that span) -> their loss."""
 CustomLossFn = Callable[[list[types.Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
 
 
@@ -208,41 +212,55 @@ class TrainingSession:
 
     # -- forward passes ---------------------------------------------------------------------------------
 
-    def _logprobs(self, model: Any, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Per-token logprobs of ``targets`` given ``input_ids`` (both shape (N,)), without gradients."""
-        with torch.no_grad():
-            hidden = model.model(input_ids=input_ids[None], use_cache=False).last_hidden_state[0]
-            head = model.get_output_embeddings()
-            return torch.cat([
-                _chunk_logprobs(head, hidden[s : s + LOGPROB_CHUNK_TOKENS], targets[s : s + LOGPROB_CHUNK_TOKENS])
-                for s in range(0, hidden.shape[0], LOGPROB_CHUNK_TOKENS)
-            ])
+    def _run_group(self, model: Any, items: list[DatumTensors], token_losses: list[TokenLoss] | None
+                   ) -> tuple[list[torch.Tensor], list[float]]:
+        """Logprobs of each item's targets (and, with ``token_losses``, backpropagate them); one padded pass.
 
-    def _backward_per_token_loss(self, model: Any, item: DatumTensors,
-                                 token_loss: Callable[[torch.Tensor, slice], torch.Tensor]) -> tuple[torch.Tensor, float]:
-        """Backpropagate a loss that is a sum of per-token terms; returns (logprobs, loss).
-
-        The decoder runs once with a graph. The head then runs chunk by chunk on a detached copy of the hidden
-        states: each chunk's logits live only while that chunk's loss is backpropagated, collecting the gradient
-        w.r.t. the hidden states, which finally flows through the decoder in one backward. Exact because every
-        built-in loss is a sum over tokens; no logits are recomputed.
+        Items are right-padded into one batch. Under causal attention a real token only sees earlier, real
+        tokens, so padding at the end changes nothing for them and needs no attention mask. The head then runs
+        row by row, chunk by chunk, on a detached copy of the hidden states: each chunk's logits live only while
+        that chunk's loss is backpropagated into the hidden states, which finally flow through the decoder in one
+        backward. Exact because every loss here is a sum of per-token terms; no logits are recomputed.
         """
-        hidden = model.model(input_ids=item.input_ids[None], use_cache=False).last_hidden_state[0]
-        hidden_leaf = hidden.detach().requires_grad_(hidden.requires_grad)
+        grad = token_losses is not None
+        width = max(len(item.input_ids) for item in items)
+        ids = torch.zeros(len(items), width, dtype=torch.long)
+        for row, item in enumerate(items):
+            ids[row, : len(item.input_ids)] = item.input_ids
+        with torch.set_grad_enabled(grad):
+            hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+        leaf = hidden.detach().requires_grad_(grad and hidden.requires_grad)
         head = model.get_output_embeddings()
-        targets = item.inputs["target_tokens"]
-        pieces, total = [], 0.0
-        for start in range(0, hidden.shape[0], LOGPROB_CHUNK_TOKENS):
-            span = slice(start, start + LOGPROB_CHUNK_TOKENS)
-            logp = _chunk_logprobs(head, hidden_leaf[span], targets[span])
-            loss = token_loss(logp, span)
-            if loss.requires_grad:
-                loss.backward()
-            total += float(loss.detach())
-            pieces.append(logp.detach())
-        if hidden_leaf.grad is not None:
-            hidden.backward(hidden_leaf.grad)
-        return torch.cat(pieces), total
+        logps, totals = [], []
+        for row, item in enumerate(items):
+            targets, pieces, total = item.inputs["target_tokens"], [], 0.0
+            for start in range(0, len(targets), LOGPROB_CHUNK_TOKENS):
+                span = slice(start, min(start + LOGPROB_CHUNK_TOKENS, len(targets)))
+                with torch.set_grad_enabled(grad):
+                    logp = _chunk_logprobs(head, leaf[row, span], targets[span])
+                    if token_losses is not None:
+                        loss = token_losses[row](logp, span)
+                        if loss.requires_grad:
+                            loss.backward()
+                        total += float(loss.detach())
+                pieces.append(logp.detach())
+            logps.append(torch.cat(pieces))
+            totals.append(total)
+        if grad and leaf.grad is not None:
+            hidden.backward(leaf.grad)
+        return logps, totals
+
+    def _run_batch(self, model: Any, batch: list[DatumTensors], token_losses: list[TokenLoss] | None
+                   ) -> tuple[list[torch.Tensor], list[float]]:
+        """``_run_group`` over groups of similar-length items, results in the original order."""
+        logps: list[torch.Tensor] = [torch.empty(0)] * len(batch)
+        totals = [0.0] * len(batch)
+        for group in _length_groups([len(item.input_ids) for item in batch]):
+            group_losses = [token_losses[i] for i in group] if token_losses is not None else None
+            group_logps, group_totals = self._run_group(model, [batch[i] for i in group], group_losses)
+            for i, logp, total in zip(group, group_logps, group_totals):
+                logps[i], totals[i] = logp, total
+        return logps, totals
 
     def forward(
         self, data: list[types.Datum], loss_fn: str, loss_fn_config: dict[str, float] | None, backward: bool
@@ -252,20 +270,15 @@ class TrainingSession:
         batch = self._validate(data, spec.required_inputs)
         model = self.base.activate(self.run_id)
         saved_grads = self._grads_snapshot() if backward else None
-        outputs: list[types.LossFnOutput] = []
-        total = 0.0
         try:
-            for item in batch:
-                if backward:
-                    def token_loss(logp: torch.Tensor, span: slice, item: DatumTensors = item) -> torch.Tensor:
-                        return spec.fn(logp, {k: v[span] for k, v in item.inputs.items()}, config)
+            if backward:
+                def token_loss(item: DatumTensors) -> TokenLoss:
+                    return lambda logp, span: spec.fn(logp, {k: v[span] for k, v in item.inputs.items()}, config)
 
-                    logp, loss = self._backward_per_token_loss(model, item, token_loss)
-                else:
-                    logp = self._logprobs(model, item.input_ids, item.inputs["target_tokens"])
-                    loss = float(spec.fn(logp, item.inputs, config))
-                total += loss
-                outputs.append({"logprobs": types.TensorData.from_torch(logp.float())})
+                logps, totals = self._run_batch(model, batch, [token_loss(item) for item in batch])
+            else:
+                logps, _ = self._run_batch(model, batch, None)
+                totals = [float(spec.fn(lp, item.inputs, config)) for lp, item in zip(logps, batch)]
         except BaseException:
             if saved_grads is not None:
                 self._restore_grads(saved_grads)
@@ -273,19 +286,21 @@ class TrainingSession:
         if backward:
             self.pending_backward += 1
         return types.ForwardBackwardOutput(
-            loss_fn_output_type=loss_fn, loss_fn_outputs=outputs, metrics={"loss:sum": total}
+            loss_fn_output_type=loss_fn,
+            loss_fn_outputs=[{"logprobs": types.TensorData.from_torch(lp.float())} for lp in logps],
+            metrics={"loss:sum": sum(totals)},
         )
 
     def forward_backward_custom(self, data: list[types.Datum], loss_fn: CustomLossFn) -> types.ForwardBackwardOutput:
         """A user loss on per-datum logprobs, applied through the linear surrogate sum(dL/dlogp · logp).
 
         Pass 1 computes logprobs without a graph; the user's loss runs on leaf copies of them and autograd gives
-        g = dL/dlogp; pass 2 backpropagates sum(g · logp) per datum. The gradient equals direct autograd of the
-        loss while only one sequence's graph is alive at a time.
+        g = dL/dlogp; pass 2 backpropagates sum(g · logp). The gradient equals direct autograd of the loss while
+        the graph of only one group of sequences is alive at a time.
         """
         batch = self._validate(data, ("target_tokens",))
         model = self.base.activate(self.run_id)
-        logps = [self._logprobs(model, b.input_ids, b.inputs["target_tokens"]) for b in batch]
+        logps, _ = self._run_batch(model, batch, None)
         leaves = [lp.clone().requires_grad_(True) for lp in logps]
         loss, metrics = loss_fn(data, leaves)
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
@@ -293,11 +308,9 @@ class TrainingSession:
         coeffs = torch.autograd.grad(loss, leaves, allow_unused=True)
         saved_grads = self._grads_snapshot()
         try:
-            for item, coeff in zip(batch, coeffs):
-                if coeff is None:
-                    continue
-                g = coeff.detach()
-                self._backward_per_token_loss(model, item, lambda logp, span, g=g: (logp * g[span]).sum())
+            zeros = [torch.zeros_like(lp) for lp in logps]
+            weights = [(c if c is not None else z).detach() for c, z in zip(coeffs, zeros)]
+            self._run_batch(model, batch, [lambda logp, span, g=g: (logp * g[span]).sum() for g in weights])
         except BaseException:
             self._restore_grads(saved_grads)
             raise
@@ -363,6 +376,28 @@ class TrainingSession:
 
     def close(self) -> None:
         self.base.remove_adapter(self.run_id)
+
+
+def _length_groups(lengths: list[int]) -> list[list[int]]:
+    """Indices grouped for padded batches: similar lengths together, padding and size bounded.
+
+    Many short sequences (RL rollouts) run far faster as one batch than one by one on a CPU, while mixing very
+    different lengths would spend compute on padding; a group grows (in length order) while its padded size stays
+    within GROUP_MAX_TOKENS and padding within GROUP_MAX_PAD_FRACTION of it.
+    """
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for index in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        candidate = [*current, index]
+        padded = lengths[index] * len(candidate)
+        real = sum(lengths[i] for i in candidate)
+        if current and (padded > GROUP_MAX_TOKENS or padded - real > GROUP_MAX_PAD_FRACTION * padded):
+            groups.append(current)
+            candidate = [index]
+        current = candidate
+    if current:
+        groups.append(current)
+    return groups
 
 
 def _chunk_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
