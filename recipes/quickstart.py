@@ -13,6 +13,7 @@ import chz
 import numpy as np
 
 from tinker_cookbook import tinker
+from tinker_cookbook.cli_utils import run_recipe
 from tinker_cookbook.perf_env import reexec_with_fast_malloc
 from tinker_cookbook.tinker import types
 
@@ -83,4 +84,4 @@ def main(config: Config) -> list[float]:
 
 if __name__ == "__main__":
     reexec_with_fast_malloc()
-    chz.nested_entrypoint(main)
+    run_recipe(main)

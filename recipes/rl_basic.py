@@ -24,6 +24,7 @@ from typing import Literal
 import chz
 
 from tinker_cookbook.cli_utils import LogdirBehavior
+from tinker_cookbook.cli_utils import run_recipe
 from tinker_cookbook.perf_env import reexec_with_fast_malloc
 from tinker_cookbook.rl import train
 from tinker_cookbook.rl.arithmetic_env import ArithmeticDatasetBuilder
@@ -95,4 +96,4 @@ def main(cli: CLIConfig) -> None:
 
 if __name__ == "__main__":
     reexec_with_fast_malloc()
-    chz.nested_entrypoint(main)
+    run_recipe(main)

@@ -25,6 +25,7 @@ import numpy as np
 
 from tinker_cookbook import checkpoint_utils, renderers, tinker
 from tinker_cookbook.cli_utils import LogdirBehavior, check_log_dir
+from tinker_cookbook.cli_utils import run_recipe
 from tinker_cookbook.perf_env import reexec_with_fast_malloc
 from tinker_cookbook.utils import ml_log
 
@@ -145,4 +146,4 @@ def main(config: Config) -> None:
 
 if __name__ == "__main__":
     reexec_with_fast_malloc()
-    chz.nested_entrypoint(main)
+    run_recipe(main)

@@ -25,6 +25,7 @@ import chz
 
 from tinker_cookbook import hyperparam_utils
 from tinker_cookbook.cli_utils import LogdirBehavior
+from tinker_cookbook.cli_utils import run_recipe
 from tinker_cookbook.perf_env import reexec_with_fast_malloc
 from tinker_cookbook.supervised import train
 from tinker_cookbook.supervised.chat_datasets import get_chat_dataset_builder
@@ -90,4 +91,4 @@ def main(cli: CLIConfig) -> None:
 
 if __name__ == "__main__":
     reexec_with_fast_malloc()
-    chz.nested_entrypoint(main)
+    run_recipe(main)

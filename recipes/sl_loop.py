@@ -23,6 +23,7 @@ import chz
 import numpy as np
 
 from tinker_cookbook import checkpoint_utils, cli_utils, hyperparam_utils, renderers, tinker
+from tinker_cookbook.cli_utils import run_recipe
 from tinker_cookbook.perf_env import reexec_with_fast_malloc
 from tinker_cookbook.supervised.chat_datasets import example_conversations_path
 from tinker_cookbook.supervised.types import resolve_renderer_name
@@ -170,4 +171,4 @@ def main(config: Config) -> None:
 
 if __name__ == "__main__":
     reexec_with_fast_malloc()
-    chz.nested_entrypoint(main)
+    run_recipe(main)

@@ -87,3 +87,26 @@ def model_name_from_argv(argv: Sequence[str], default: str) -> str:
         if arg.startswith("model_name="):
             return arg.split("=", 1)[1]
     return default
+
+
+def run_recipe(main: Callable[..., object]) -> None:
+    """Run a recipe's ``main`` from the command line (``key=value`` arguments via chz).
+
+    Errors that come from bad input (``TinkerCookbookError``, ``tinker.TinkerError``) already say what is wrong and
+    how to fix it, so they are printed as one ``Error: ...`` line with exit status 1 instead of a traceback. Set
+    ``TINKER_COOKBOOK_DEBUG=1`` to see the traceback.
+    """
+    import os
+
+    import chz
+
+    from tinker_cookbook.exceptions import TinkerCookbookError
+    from tinker_cookbook.tinker.errors import TinkerError
+
+    try:
+        chz.nested_entrypoint(main)
+    except (TinkerCookbookError, TinkerError) as exc:
+        if os.environ.get("TINKER_COOKBOOK_DEBUG") == "1":
+            raise
+        print(f"Error: {exc}", file=sys.stderr)
+        sys.exit(1)
