@@ -100,7 +100,9 @@ class LocalBackend:
 
         return self.submit(create).result()
 
-    def create_session_from_state(self, path: str, with_optimizer: bool, user_metadata: dict[str, str] | None) -> str:
+    def create_session_from_state(self, path: str, with_optimizer: bool, user_metadata: dict[str, str] | None
+                                  ) -> tuple[str, str, types.LoraConfig]:
+        """A new session holding a ``weights/`` checkpoint; returns (run_id, base_model, lora config)."""
         meta = self.store.checkpoint_metadata(path)
         directory = self.store.checkpoint_dir(path, expected_kind="weights")
         lora = types.LoraConfig(
@@ -109,7 +111,7 @@ class LocalBackend:
         )
         run_id = self.create_session(meta["base_model"], lora, user_metadata)
         self.submit_session(run_id, lambda s: s.load_state(directory, with_optimizer)).result()
-        return run_id
+        return run_id, meta["base_model"], lora
 
     def close_session(self, run_id: str) -> None:
         def close() -> None:

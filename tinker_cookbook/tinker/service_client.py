@@ -57,12 +57,9 @@ class ServiceClient:
                                                 user_metadata)
 
     def _from_state(self, path: str, with_optimizer: bool, user_metadata: dict[str, str] | None) -> TrainingClient:
-        run_id = self._backend.create_session_from_state(path, with_optimizer, user_metadata or self.user_metadata)
-        run = self._backend.store.get_run(run_id)
-        meta = self._backend.store.checkpoint_metadata(path)
-        lora = types.LoraConfig(rank=int(meta["lora_rank"]), train_attn=bool(meta["train_attn"]),
-                                train_mlp=bool(meta["train_mlp"]), train_unembed=bool(meta["train_unembed"]))
-        return TrainingClient(self._backend, run_id, run.base_model, lora)
+        run_id, base_model, lora = self._backend.create_session_from_state(
+            path, with_optimizer, user_metadata or self.user_metadata)
+        return TrainingClient(self._backend, run_id, base_model, lora)
 
     def create_training_client_from_state(self, path: str, base_model: str | None = None,
                                           user_metadata: dict[str, str] | None = None,

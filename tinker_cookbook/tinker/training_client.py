@@ -22,15 +22,6 @@ if TYPE_CHECKING:
 CustomLossFn = Callable[[list[types.Datum], list["torch.Tensor"]], tuple["torch.Tensor", dict[str, float]]]
 
 
-def _check_name(name: str, field: str = "name") -> None:
-    import re
-
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in (".", ".."):
-        from tinker_cookbook.tinker.errors import BadRequestError
-
-        raise BadRequestError(f"{field}={name!r} is not a valid checkpoint name; use letters, digits, '_', '-', '.'")
-
-
 class TrainingClient:
     def __init__(self, backend: LocalBackend, model_id: str, base_model: str, lora_config: types.LoraConfig) -> None:
         self._backend = backend
@@ -84,7 +75,6 @@ class TrainingClient:
     def save_state(self, name: str, ttl_seconds: int | None = None,
                    overwrite: bool = False) -> APIFuture[types.SaveWeightsResponse]:
         """Save weights and optimizer state to ``tinker://<model_id>/weights/<name>``."""
-        _check_name(name)
         return self._submit(lambda s: types.SaveWeightsResponse(
             path=self._backend.save(s, "weights", name, ttl_seconds, overwrite), type="save_weights"))
 
@@ -112,7 +102,6 @@ class TrainingClient:
     def save_weights_for_sampler(self, name: str, ttl_seconds: int | None = None
                                  ) -> APIFuture[types.SaveWeightsForSamplerResponse]:
         """Save the adapter (PEFT format) to ``tinker://<model_id>/sampler_weights/<name>``."""
-        _check_name(name)
         return self._submit(lambda s: types.SaveWeightsForSamplerResponse(
             path=self._backend.save(s, "sampler_weights", name, ttl_seconds, overwrite=True),
             type="save_weights_for_sampler"))
@@ -136,8 +125,7 @@ class TrainingClient:
         def snapshot(session: TrainingSession) -> SamplingClient:
             path = None
             if name is not None:
-                _check_name(name)
-                path = self._backend.save(session, "sampler_weights", name, None, overwrite=True)
+                        path = self._backend.save(session, "sampler_weights", name, None, overwrite=True)
             return SamplingClient(self._backend, self._backend.snapshot_handle(session, path))
 
         return self._submit(snapshot)
