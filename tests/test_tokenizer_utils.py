@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tinker_cookbook import assets, tokenizer_utils
+from tinker_cookbook.base import assets
+from tinker_cookbook.base import tokenizers as tokenizer_utils
 from tinker_cookbook.exceptions import ConfigurationError
 from tinker_cookbook.tokenizer_utils import (
     get_registered_tokenizer_names,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tinker_cookbook import assets
+from tinker_cookbook.base import assets
 from tinker_cookbook.engine import gguf_convert, models
 from tinker_cookbook.engine.models import ModelSpec
 from tinker_cookbook.tinker.errors import NotFoundError

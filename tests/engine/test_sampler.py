@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from tinker_cookbook import assets
+from tinker_cookbook.base import assets
 from tinker_cookbook.engine import sampler_model
 from tinker_cookbook.engine.sampler import SamplerEngine, SamplingWeights, default_sampling_dtype
 from tinker_cookbook.engine.sampler_batch import KVPool

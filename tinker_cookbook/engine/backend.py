@@ -152,7 +152,7 @@ class LocalBackend:
     def _handle(self, base: BaseModel, adapter_state: dict[str, torch.Tensor] | None,
                 adapter_config: dict[str, Any] | None, model_path: str | None) -> SamplerHandle:
         from tinker_cookbook.engine.sampler import SamplingWeights, default_sampling_dtype
-        from tinker_cookbook.tokenizer_utils import get_tokenizer
+        from tinker_cookbook.base.tokenizers import get_tokenizer
 
         weights = SamplingWeights.build(base.config, base.base_state, adapter_state, adapter_config,
                                         default_sampling_dtype())

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tinker_cookbook import assets
+from tinker_cookbook.base import assets
 from tinker_cookbook.engine import gguf_convert
 from tinker_cookbook.tinker.errors import NotFoundError
 
@@ -51,7 +51,7 @@ class ModelSpec:
     arch: str
     """Model family deciding input handling: ``llama``, ``qwen3``, ``qwen3_vl``, or the HF ``model_type``."""
     tokenizer_name: str
-    """Name to pass to ``tinker_cookbook.tokenizer_utils.get_tokenizer``."""
+    """Name to pass to ``tinker_cookbook.base.tokenizers.get_tokenizer``."""
     max_context_length: int
     source: str
     """Where the weights come from: ``tiny`` (random init), ``gguf`` (packaged file) or ``hf`` (cache/hub)."""

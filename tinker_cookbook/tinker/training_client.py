@@ -154,7 +154,7 @@ class TrainingClient:
         return self.get_info()
 
     def get_tokenizer(self) -> Any:
-        from tinker_cookbook.tokenizer_utils import get_tokenizer  # cached per name
+        from tinker_cookbook.base.tokenizers import get_tokenizer  # cached per name
 
         return get_tokenizer(self.get_info().model_data.tokenizer_id or self._base_model)
 
