@@ -14,9 +14,12 @@ engine's model registry (tiny test models, SmolLM2, anything in the local Huggin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from tinker_cookbook.exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 LR_BASE = 5e-5
 LORA_LR_MULTIPLIER = 10.0
@@ -90,16 +93,27 @@ def _strip(model_name: str) -> str:
     return model_name.split(":", 1)[0]
 
 
-def _dims_from_config(model_name: str) -> ModelDims:
-    """Dimensions read from the engine's registry (tiny models, SmolLM2, the local HF cache)."""
-    from tinker_cookbook.engine.models import load_model_config  # a config lookup only; loads no weights
+def _load_config(model_name: str) -> PretrainedConfig:
+    """A model's config: the tiny test models', else Hugging Face's (local cache first, the Hub where reachable)."""
+    from transformers import AutoConfig
 
+    from tinker_cookbook.base.tiny_models import TINY_MODEL_CONFIGS
+    from tinker_cookbook.base.tokenizers import hub_is_reachable
+
+    if model_name in TINY_MODEL_CONFIGS:
+        return TINY_MODEL_CONFIGS[model_name]()
+    return AutoConfig.from_pretrained(model_name, local_files_only=not hub_is_reachable())
+
+
+def _dims_from_config(model_name: str) -> ModelDims:
+    """Dimensions read from the model's config (tiny test models, the local HF cache, the Hub)."""
     try:
-        config = load_model_config(model_name)
-    except Exception as exc:  # the registry raises NotFoundError with the list of models it knows
+        config = _load_config(model_name)
+    except (OSError, ValueError) as exc:  # transformers' "not found / not cached / not a config" errors
         raise ConfigurationError(
-            f"model_name={model_name!r}: unknown model, so its dimensions are not known ({exc}). Use one of "
-            f"{sorted(_KNOWN_DIMS)} or a model whose config is in the local Hugging Face cache"
+            f"model_name={model_name!r}: its config is not available here, so its dimensions are not known "
+            f"({type(exc).__name__}). Use one of {sorted(_KNOWN_DIMS)}, a model whose config is in the local "
+            "Hugging Face cache, or pass learning_rate explicitly"
         ) from exc
     text = getattr(config, "text_config", None) or config
     model_type = getattr(text, "model_type", "")

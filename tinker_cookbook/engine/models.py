@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tinker_cookbook.base import assets
+from tinker_cookbook.base import assets, tiny_models
 from tinker_cookbook.engine import gguf_convert
 from tinker_cookbook.tinker.errors import NotFoundError
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 SMOLLM2_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TINY_SEED = 0
-TINY_CONTEXT_LENGTH = 2048
+TINY_CONTEXT_LENGTH = tiny_models.TINY_CONTEXT_LENGTH
 _HUB_PROBE_TIMEOUT_S = 3.0
 
 
@@ -95,66 +95,6 @@ def _custom(name: str) -> tuple[ModelSpec, ModelBuilder] | None:
 # ---------------------------------------------------------------------------------------------------------
 # Tiny random-init test models
 
-_SMALL_DIMS: dict[str, Any] = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=TINY_CONTEXT_LENGTH,
-)
-# Special-token ids of the real models whose tokenizers the tiny models borrow.
-_QWEN3_IDS: dict[str, int] = dict(bos_token_id=151643, eos_token_id=151645)
-_LLAMA3_IDS: dict[str, int] = dict(bos_token_id=128000, eos_token_id=128001)
-_SMOLLM2_IDS: dict[str, int] = dict(bos_token_id=1, eos_token_id=2, pad_token_id=2)
-
-
-def _tiny_qwen3_config() -> PretrainedConfig:
-    from transformers import Qwen3Config
-
-    return Qwen3Config(vocab_size=151936, **_SMALL_DIMS, **_QWEN3_IDS)
-
-
-def _tiny_llama3_config() -> PretrainedConfig:
-    from transformers import LlamaConfig
-
-    return LlamaConfig(vocab_size=128256, **_SMALL_DIMS, **_LLAMA3_IDS)
-
-
-def _tiny_smollm2_config() -> PretrainedConfig:
-    from transformers import LlamaConfig
-
-    return LlamaConfig(vocab_size=49152, tie_word_embeddings=True, **_SMALL_DIMS, **_SMOLLM2_IDS)
-
-
-def _tiny_qwen3_vl_config() -> PretrainedConfig:
-    from transformers import Qwen3VLConfig
-
-    # mrope_section splits head_dim/2 = 8 rotary frequencies over (time, height, width).
-    rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}
-    text_config = dict(vocab_size=151936, rope_scaling=rope, **_SMALL_DIMS, **_QWEN3_IDS)
-    vision_config = dict(
-        depth=2,
-        hidden_size=32,
-        intermediate_size=64,
-        num_heads=2,
-        out_hidden_size=_SMALL_DIMS["hidden_size"],
-        patch_size=16,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-        deepstack_visual_indexes=[0, 1],
-    )
-    return Qwen3VLConfig(
-        text_config=text_config,
-        vision_config=vision_config,
-        image_token_id=151655,
-        video_token_id=151656,
-        vision_start_token_id=151652,
-        vision_end_token_id=151653,
-    )
-
-
 def _tiny_spec(name: str, arch: str, description: str) -> ModelSpec:
     # tokenizer_utils maps the tiny names to the packaged real tokenizers without trying the hub.
     return ModelSpec(
@@ -176,7 +116,7 @@ _TINY_MODELS: dict[str, tuple[ModelSpec, Callable[[], PretrainedConfig]]] = {
                 "qwen3",
                 "Tiny random Qwen3 (2 layers, hidden 64) with the real Qwen3 tokenizer; for tests.",
             ),
-            _tiny_qwen3_config,
+            tiny_models.tiny_qwen3_config,
         ),
         (
             _tiny_spec(
@@ -184,7 +124,7 @@ _TINY_MODELS: dict[str, tuple[ModelSpec, Callable[[], PretrainedConfig]]] = {
                 "llama",
                 "Tiny random Llama-3 (2 layers, hidden 64) with the real Llama-3 tokenizer; for tests.",
             ),
-            _tiny_llama3_config,
+            tiny_models.tiny_llama3_config,
         ),
         (
             _tiny_spec(
@@ -192,7 +132,7 @@ _TINY_MODELS: dict[str, tuple[ModelSpec, Callable[[], PretrainedConfig]]] = {
                 "llama",
                 "Tiny random SmolLM2 (2 layers, hidden 64, tied embeddings), real tokenizer; for tests.",
             ),
-            _tiny_smollm2_config,
+            tiny_models.tiny_smollm2_config,
         ),
         (
             _tiny_spec(
@@ -200,7 +140,7 @@ _TINY_MODELS: dict[str, tuple[ModelSpec, Callable[[], PretrainedConfig]]] = {
                 "qwen3_vl",
                 "Tiny random Qwen3-VL (2 text + 2 vision layers) with the real Qwen3 tokenizer; for tests.",
             ),
-            _tiny_qwen3_vl_config,
+            tiny_models.tiny_qwen3_vl_config,
         ),
     ]
 }
