@@ -18,7 +18,7 @@ import io
 import logging
 import urllib.request
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from PIL import Image
 
@@ -32,6 +32,7 @@ ImageProcessor: TypeAlias = Any
 """A Hugging Face image processor (``BaseImageProcessor``); Qwen-VL ones have ``patch_size`` and ``merge_size``."""
 
 ImageSource: TypeAlias = "str | bytes | Image.Image"
+ImageFormat: TypeAlias = Literal["png", "jpeg"]
 
 QWEN3_VL_PROCESSOR_SETTINGS: dict[str, Any] = {
     "patch_size": 16,
@@ -95,7 +96,7 @@ def build_qwen3_vl_image_processor() -> ImageProcessor:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def load_image_bytes(image: ImageSource) -> tuple[bytes, str]:
+def load_image_bytes(image: ImageSource) -> tuple[bytes, ImageFormat]:
     """Encoded bytes and format (``"png"`` / ``"jpeg"``) of an image given as a PIL image, bytes, a path,
     an http(s) URL or a ``data:`` URI. PNG and JPEG bytes are kept as they are; anything else becomes PNG."""
     if isinstance(image, Image.Image):
@@ -136,7 +137,7 @@ def _is_file(path: str | Path) -> bool:
         return False
 
 
-def _sniff_format(data: bytes) -> str | None:
+def _sniff_format(data: bytes) -> ImageFormat | None:
     if data.startswith(b"\x89PNG\r\n\x1a\n"):
         return "png"
     if data.startswith(b"\xff\xd8\xff"):

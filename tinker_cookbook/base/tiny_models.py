@@ -23,9 +23,9 @@ _SMALL_DIMS: dict[str, Any] = dict(
     max_position_embeddings=TINY_CONTEXT_LENGTH,
 )
 # Special-token ids of the real models whose tokenizers the tiny models borrow.
-_QWEN3_IDS: dict[str, int] = dict(bos_token_id=151643, eos_token_id=151645)
-_LLAMA3_IDS: dict[str, int] = dict(bos_token_id=128000, eos_token_id=128001)
-_SMOLLM2_IDS: dict[str, int] = dict(bos_token_id=1, eos_token_id=2, pad_token_id=2)
+_QWEN3_IDS: dict[str, Any] = dict(bos_token_id=151643, eos_token_id=151645)
+_LLAMA3_IDS: dict[str, Any] = dict(bos_token_id=128000, eos_token_id=128001)
+_SMOLLM2_IDS: dict[str, Any] = dict(bos_token_id=1, eos_token_id=2, pad_token_id=2)
 
 
 def tiny_qwen3_config() -> PretrainedConfig:

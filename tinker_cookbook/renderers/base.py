@@ -110,7 +110,7 @@ def _token_keys(chunks: Sequence[Chunk]) -> list[Any]:
 
 def assemble_model_input(chunks: Sequence[Chunk]) -> types.ModelInput:
     """A ModelInput of ``chunks`` with adjacent text chunks merged and empty ones dropped."""
-    merged: list[Chunk] = []
+    merged: list[types.ModelInputChunk] = []
     for chunk in chunks:
         if isinstance(chunk, types.EncodedTextChunk):
             if not chunk.tokens:
@@ -463,7 +463,7 @@ class Renderer(abc.ABC):
         return tokens, ParseTermination.MALFORMED
 
     def decode(self, tokens: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(tokens), skip_special_tokens=False)
+        return str(self.tokenizer.decode(list(tokens), skip_special_tokens=False))
 
 
 _ENCODE_CACHE_MAX_CHARS = 48

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from tinker_cookbook import tinker
 from tinker_cookbook.rl.types import Trajectory, TrajectoryGroup
@@ -68,15 +69,14 @@ class _SequenceBuilder:
 
     def to_datum(self) -> tinker.Datum:
         """The shifted datum: inputs S[:-1], targets and per-token arrays S[1:]."""
-        return tinker.Datum(
-            model_input=tinker.ModelInput.from_ints(self.tokens_T[:-1]),
-            loss_fn_inputs={
-                "target_tokens": self.tokens_T[1:],
-                "logprobs": self.logprobs_T[1:],
-                "advantages": self.advantages_T[1:],
-                "mask": self.mask_T[1:],
-            },
-        )
+        # Lists are converted to TensorData by Datum's validator.
+        loss_fn_inputs: dict[str, Any] = {
+            "target_tokens": self.tokens_T[1:],
+            "logprobs": self.logprobs_T[1:],
+            "advantages": self.advantages_T[1:],
+            "mask": self.mask_T[1:],
+        }
+        return tinker.Datum(model_input=tinker.ModelInput.from_ints(self.tokens_T[:-1]), loss_fn_inputs=loss_fn_inputs)
 
 
 def trajectory_to_data(traj: Trajectory, traj_advantage: float) -> list[tinker.Datum]:

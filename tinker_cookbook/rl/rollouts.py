@@ -35,14 +35,14 @@ def check_stop_condition(stop: StopCondition, env: Env) -> StopCondition:
     where = f"{type(env).__name__} stop condition"
     if not isinstance(stop, (list, tuple)):
         raise TypeError(f"{where} is {stop!r}; return a list of stop strings or a list of token ids")
-    stop = list(stop)
-    if all(isinstance(s, str) for s in stop):
-        if any(s == "" for s in stop):
-            raise ValueError(f"{where} {stop!r} holds an empty string, which would stop at once; remove it")
-        return stop
-    if all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in stop):
-        return stop
-    raise ValueError(f"{where} {stop!r} mixes types or holds negative ids; use only strings or only token ids >= 0")
+    entries: list = list(stop)
+    if all(isinstance(s, str) for s in entries):
+        if any(s == "" for s in entries):
+            raise ValueError(f"{where} {entries!r} holds an empty string, which would stop at once; remove it")
+        return entries
+    if all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in entries):
+        return entries
+    raise ValueError(f"{where} {entries!r} mixes types or holds negative ids; use only strings or only token ids >= 0")
 
 
 async def do_single_rollout(policy: TokenCompleter, env: Env) -> Trajectory:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from tinker_cookbook import tinker
 from tinker_cookbook.eval.evaluators import TrainingClientEvaluator
@@ -36,7 +37,8 @@ class NLLEvaluator(TrainingClientEvaluator):
     async def __call__(self, training_client: tinker.TrainingClient) -> dict[str, float]:
         chunks = [self.data[i : i + self.max_batch_size] for i in range(0, len(self.data), self.max_batch_size)]
         futures = [await training_client.forward_async(chunk, "cross_entropy") for chunk in chunks]
-        logprobs, weights = [], []
+        logprobs: list[Any] = []
+        weights: list[Any] = []
         for chunk, future in zip(chunks, futures, strict=True):
             output = await future.result_async()
             logprobs.extend(out["logprobs"] for out in output.loss_fn_outputs)

@@ -43,7 +43,7 @@ def format_colorized(
     for end in range(1, len(tokens) + 1):
         if end < len(tokens) and weight_color(weight_list[end]) == weight_color(weight_list[start]):
             continue
-        text = tokenizer.decode(list(tokens[start:end]), skip_special_tokens=False)
+        text = str(tokenizer.decode(list(tokens[start:end]), skip_special_tokens=False))
         if draw_newline_arrow:
             text = text.replace("\n", "↵\n")
         pieces.append(f"{weight_color(weight_list[start])}{text}{RESET}")

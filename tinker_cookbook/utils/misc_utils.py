@@ -53,7 +53,7 @@ def safezip(*sequences: Sequence[Any]) -> list[tuple[Any, ...]]:
     lengths = [len(s) for s in sequences]
     if not all_same(lengths):
         raise ValueError(f"safezip: sequences have different lengths {lengths}; they must pair up one to one")
-    return list(zip(*sequences))
+    return list(zip(*sequences, strict=True))
 
 
 def split_list(items: Sequence[T], num_parts: int) -> list[list[T]]:
