@@ -220,8 +220,12 @@ def test_live_save_is_not_cleaned(tmp_path: Path, swap: str) -> None:
             if state == b"p":
                 before = _staging_entries(store, run_id)
                 CheckpointStore(root)  # another process opens the store meanwhile
-                assert _staging_entries(store, run_id) == before, f"step {step}: a live save was cleaned"
+                after = _staging_entries(store, run_id)
                 os.write(resume_w, b"r")
+                assert after == before, f"step {step}: a live save was cleaned"
+        except BaseException:
+            os.kill(pid, signal.SIGKILL)  # never leave the child paused
+            raise
         finally:
             _, status = os.waitpid(pid, 0)
             os.close(paused_r)
