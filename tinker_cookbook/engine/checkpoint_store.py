@@ -497,7 +497,10 @@ class CheckpointStore:
         record = self._load_checkpoint(run_dir, kind, name, tinker_path)
         if record is None:
             # A process killed while overwriting it may have left it as a backup: put that back and look again.
-            self._recover_run(run_dir)
+            try:
+                self._recover_run(run_dir)
+            except store_paths.UnsafeStoreEntryError:
+                pass  # a symlinked staging directory: not what this lookup is about; a write reports it
             record = self._load_checkpoint(run_dir, kind, name, tinker_path)
         if record is None:
             names = [c.tinker_path for c in self._run_checkpoints(run_dir)][:10]

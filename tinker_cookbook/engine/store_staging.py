@@ -90,8 +90,12 @@ def exchange(a: Path, b: Path) -> bool:
     """
     global _renameat2
     if _renameat2 is None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        _renameat2 = getattr(libc, "renameat2", False)
+        try:
+            _renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+            _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            _renameat2.restype = ctypes.c_int
+        except (AttributeError, OSError, TypeError):  # no such C function here (glibc < 2.28, macOS, ...)
+            _renameat2 = False
     if not _renameat2:
         return False
     result = _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
