@@ -12,6 +12,7 @@ import functools
 import os
 import shutil
 import signal
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -261,3 +262,43 @@ def test_writes_are_fsynced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert str(run_dir / "weights") in synced_after_first  # the rename into place is durable
     assert str(run_dir / ".staging") in synced_after_first
     assert {"adapter_model.safetensors", "only_new.json"} <= {Path(p).name for p in synced}
+
+
+def _dead_pid() -> int:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
+
+
+def test_staleness_by_owner_and_name_time(tmp_path: Path) -> None:
+    """Open removes entries of dead processes and day-old names (a reused pid), restores a dead backup, and keeps
+    a live process's entries even when their directory is old (a backup keeps its checkpoint's mtime)."""
+    root = tmp_path / "home"
+    store = CheckpointStore(root)
+    run_id = store.create_run("m", LORA, run_id="R")
+    store.write_checkpoint(run_id, "weights", "live", _writer(OLD), {})
+    staging = store.runs_dir / run_id / ".staging"
+    now, day_ago = int(time.time()), int(time.time()) - store_staging.STALE_SECONDS - 60
+    me, dead = os.getpid(), _dead_pid()
+
+    def entry(role: str, pid: int, created: int, *target: str) -> Path:
+        path = staging / "+".join((role, str(pid), str(created), "ab", *target))
+        path.mkdir()
+        (path / "checkpoint.json").write_text('{"time": "2026-01-01T00:00:00+00:00"}')
+        os.utime(path, (1_000_000_000, 1_000_000_000))  # the directory itself looks ancient
+        return path
+
+    kept = [entry("new", me, now, "weights", "a"), entry("old", me, now, "weights", "b")]
+    removed = [
+        entry("new", dead, now, "weights", "c"),
+        entry("trash", me, day_ago),
+        entry("old", me, day_ago, "weights", "live"),
+    ]
+    restored = entry("old", dead, now, "weights", "d")
+    CheckpointStore(root)
+    assert all(p.exists() for p in kept) and not any(p.exists() for p in removed) and not restored.exists()
+    assert not (store.runs_dir / run_id / "weights" / "b").exists()  # a live overwrite's backup stays put
+    assert store.checkpoint_dir(f"tinker://{run_id}/weights/d").is_dir()
+    assert _files(store.checkpoint_dir(f"tinker://{run_id}/weights/live")) == OLD  # a live checkpoint wins

@@ -194,8 +194,8 @@ def test_symlink_entries_inside_staging_are_unlinked_not_followed(
     staging.mkdir(exist_ok=True)
     # Names of a dead process's save, backup and trash: the cleanup on open would delete or restore them.
     for role in ("new", "old", "trash"):
-        (staging / f"{role}+999999999+ab+weights+x").symlink_to(outside / "x")
-    (staging / "tmp+999999999+ab+run.json").symlink_to(outside / "canary")
+        (staging / f"{role}+999999999+1700000000+ab+weights+x").symlink_to(outside / "x")
+    (staging / "tmp+999999999+1700000000+ab+run.json").symlink_to(outside / "canary")
     CheckpointStore(store.root)
     assert list(staging.iterdir()) == []
     assert not (store.runs_dir / run_id / "weights" / "x").exists()  # a symlinked backup is never restored

@@ -116,21 +116,23 @@ class StagingEntry(NamedTuple):
     role: str
     """'new' (a save being written), 'old' (the checkpoint an overwrite replaces), 'trash', or 'tmp'."""
     pid: int
+    created: int
+    """Unix time the entry got this name. Not the directory's mtime: a backup keeps its old checkpoint's."""
     target: tuple[str, ...]
     """For 'new' and 'old': (kind, name) of the checkpoint; for 'tmp': the file name."""
 
 
 def staging_name(role: str, *target: str) -> str:
-    """``<role>+<pid>+<random>+<target...>``."""
-    return _SEP.join((role, str(os.getpid()), uuid.uuid4().hex[:12], *target))
+    """``<role>+<pid>+<unix time>+<random>+<target...>``."""
+    return _SEP.join((role, str(os.getpid()), str(int(time.time())), uuid.uuid4().hex[:8], *target))
 
 
 def parse_staging_name(name: str) -> StagingEntry | None:
     role, _, rest = name.partition(_SEP)
     fields = rest.split(_SEP)
-    if role not in ("new", "old", "trash", "tmp") or len(fields) < 2 or not fields[0].isdigit():
+    if role not in ("new", "old", "trash", "tmp") or len(fields) < 3 or not all(f.isdigit() for f in fields[:2]):
         return None
-    return StagingEntry(role, int(fields[0]), tuple(fields[2:]))
+    return StagingEntry(role, int(fields[0]), int(fields[1]), tuple(fields[3:]))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -155,8 +157,9 @@ def is_stale(path: Path, entry: StagingEntry | None) -> bool:
         return False
     if stat.S_ISLNK(info.st_mode):
         return True  # the store never makes links, so no live save owns this one
-    too_old = time.time() - info.st_mtime > STALE_SECONDS
-    return too_old if entry is None else too_old or not _pid_alive(entry.pid)
+    if entry is None:  # not named by this store (or by an older version of it): judge by age alone
+        return time.time() - info.st_mtime > STALE_SECONDS
+    return time.time() - entry.created > STALE_SECONDS or not _pid_alive(entry.pid)
 
 
 # -------------------------------------------------------------------------------------------------------------
