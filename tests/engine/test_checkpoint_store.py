@@ -54,7 +54,8 @@ def test_root_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(cs.HOME_ENV_VAR, str(tmp_path / "elsewhere"))
     assert CheckpointStore().root == tmp_path / "elsewhere"
     monkeypatch.delenv(cs.HOME_ENV_VAR)
-    assert CheckpointStore().root == Path.home() / ".tinker_cookbook"
+    monkeypatch.setenv("HOME", str(tmp_path))  # opening a store cleans it up: never touch the real home
+    assert CheckpointStore().root == tmp_path / ".tinker_cookbook"
 
 
 def test_create_and_get_run(store: CheckpointStore, run_id: str) -> None:
