@@ -54,7 +54,8 @@ def test_root_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(cs.HOME_ENV_VAR, str(tmp_path / "elsewhere"))
     assert CheckpointStore().root == tmp_path / "elsewhere"
     monkeypatch.delenv(cs.HOME_ENV_VAR)
-    assert CheckpointStore().root == Path.home() / ".tinker_cookbook"
+    monkeypatch.setenv("HOME", str(tmp_path))  # opening a store cleans it up: never touch the real home
+    assert CheckpointStore().root == tmp_path / ".tinker_cookbook"
 
 
 def test_create_and_get_run(store: CheckpointStore, run_id: str) -> None:
@@ -170,6 +171,9 @@ def test_failed_overwrite_keeps_old(store: CheckpointStore, run_id: str) -> None
         "/abs/path/weights/x",
         "",
         "tinker://a:train:17/weights/x",
+        "tinker://run/weights/x\n",  # `$` alone would match before a final newline
+        "tinker://run/weights/x\r\n",
+        "tinker://run\n/weights/x",
     ],
 )
 def test_bad_paths_rejected(store: CheckpointStore, path: str) -> None:
@@ -184,14 +188,13 @@ def test_non_string_path_rejected(store: CheckpointStore) -> None:
         store.checkpoint_dir(Path("weights/x"))  # type: ignore[arg-type]
 
 
-def test_symlink_escape_rejected(store: CheckpointStore, tmp_path: Path) -> None:
-    outside = tmp_path / "outside"
-    (outside / "weights" / "x").mkdir(parents=True)
-    (outside / "run.json").write_text("{}")
-    store.runs_dir.mkdir(parents=True)
-    (store.runs_dir / "evil").symlink_to(outside)
-    with pytest.raises(errors.BadRequestError, match="outside the checkpoint store root"):
-        store.checkpoint_dir("tinker://evil/weights/x")
+def test_trailing_newline_is_not_the_same_checkpoint(store: CheckpointStore, run_id: str) -> None:
+    path = store.write_checkpoint(run_id, "weights", "x", _writer({}), {}).tinker_path
+    for bad in (path + "\n", path + "\r\n"):
+        with pytest.raises(errors.BadRequestError, match="tinker://<run_id>"):
+            store.checkpoint_dir(bad)
+        with pytest.raises(ValueError):
+            types.ParsedCheckpointTinkerPath.from_tinker_path(bad)
 
 
 def test_bad_names_on_write(store: CheckpointStore, run_id: str) -> None:
@@ -216,6 +219,29 @@ def test_unknown_ids(store: CheckpointStore, run_id: str) -> None:
     assert f"tinker://{run_id}/weights/exists" in str(info.value)  # the message lists what does exist
     with pytest.raises(errors.NotFoundError):
         store.checkpoint_dir(f"tinker://{run_id}/sampler_weights/exists")
+
+
+def test_unknown_run_lists_run_ids(store: CheckpointStore) -> None:
+    with pytest.raises(errors.NotFoundError, match=r"'nope'.*known runs.*: none"):
+        store.get_run("nope")
+    ids = [store.create_run("m", LORA, run_id=f"run-{i}") for i in range(3)]
+    with pytest.raises(errors.NotFoundError) as info:
+        store.get_run("nope")
+    message = str(info.value)
+    assert "run.json" not in message
+    assert all(repr(i) in message for i in ids)
+
+
+def test_cli_run_info_unknown_lists_run_ids(
+    store: CheckpointStore, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tinker_cookbook import cli
+
+    monkeypatch.setenv(cs.HOME_ENV_VAR, str(store.root))
+    store.create_run("m", LORA, run_id="run-a")
+    assert cli.main(["run", "info", "nope"]) == 1
+    err = capsys.readouterr().err
+    assert "'run-a'" in err and "run.json" not in err
 
 
 def test_expected_kind(store: CheckpointStore, run_id: str) -> None:

@@ -5,13 +5,19 @@ Layout under the root (``$TINKER_COOKBOOK_HOME``, default ``~/.tinker_cookbook``
     runs/<run_id>/run.json                         base model, LoRA config, user metadata, times
     runs/<run_id>/weights/<name>/                  training state (save_state)
     runs/<run_id>/sampler_weights/<name>/          sampler weights (save_weights_for_sampler)
-    runs/<run_id>/.staging/                        half-written checkpoints and directories being deleted
+    runs/<run_id>/.staging/                        saves being written, replaced checkpoints, deletions
     runs/<run_id>/.archives/<kind>/<name>/         cached .tar archives for download
 
 A checkpoint directory holds the engine's files plus ``checkpoint.json``. Writes are atomic: the engine fills a
-staging directory, ``checkpoint.json`` is written last, and one ``os.rename`` moves the whole directory into place,
-so a killed save never leaves a half checkpoint that lists or loads. A directory without ``checkpoint.json`` is
-never listed or loaded. The store only moves files around; it never unpickles anything.
+staging directory, everything is fsynced, ``checkpoint.json`` is written last, and one rename moves the whole
+directory into place, so a killed save never leaves a half checkpoint that lists or loads. A directory without
+``checkpoint.json`` is never listed or loaded. An overwrite swaps old and new in one atomic exchange where the
+filesystem has one; elsewhere the old checkpoint is renamed to a backup first, and a store opened after a kill
+between the two renames puts the backup back. Staging entries carry their process id, so opening the store removes
+the leftovers of killed processes and never a save still running elsewhere.
+
+Nothing below the root may be a symlink (see ``store_paths``): the store refuses them rather than read or delete
+through them. The store only moves files around; it never unpickles anything.
 """
 
 from __future__ import annotations
@@ -19,16 +25,15 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import tarfile
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
+from tinker_cookbook.engine import store_paths, store_staging
 from tinker_cookbook.tinker import errors, types
 
 HOME_ENV_VAR = "TINKER_COOKBOOK_HOME"
@@ -39,8 +44,6 @@ KINDS: tuple[CheckpointKind, ...] = ("weights", "sampler_weights")
 _KIND_TO_TYPE: dict[str, types.CheckpointType] = {"weights": "training", "sampler_weights": "sampler"}
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 _MAX_NAME_LEN = 128
-# A staging directory this old belongs to a save that was killed; it is only wasted disk space by then.
-_STALE_STAGING_SECONDS = 24 * 3600
 
 
 def default_root() -> Path:
@@ -121,33 +124,9 @@ def make_tinker_path(run_id: str, kind: CheckpointKind, name: str) -> str:
     return f"tinker://{run_id}/{kind}/{name}"
 
 
-def _write_json_atomic(path: Path, data: dict[str, Any], staging: Path) -> None:
-    """Write JSON to a staging file first so readers see either the old or the new file, never a partial one."""
-    staging.mkdir(parents=True, exist_ok=True)
-    tmp = staging / f"{path.name}.{uuid.uuid4().hex}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object at ``path``, or None if it is missing or unreadable."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _read_checkpoint_record(ckpt_dir: Path) -> dict[str, Any] | None:
     """checkpoint.json if present and well-formed (parseable time and expires_at), else None."""
-    record = _read_json(ckpt_dir / CHECKPOINT_FILE)
+    record = store_paths.read_json(ckpt_dir / CHECKPOINT_FILE)
     if record is None:
         return None
     try:
@@ -165,7 +144,7 @@ def _expired(record: dict[str, Any]) -> bool:
 
 
 def _dir_size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    return sum(p.lstat().st_size for p in path.rglob("*") if store_paths.is_regular_file(p))
 
 
 def _paginate(items: list[Any], limit: int, offset: int) -> tuple[list[Any], types.Cursor]:
@@ -180,50 +159,83 @@ def _paginate(items: list[Any], limit: int, offset: int) -> tuple[list[Any], typ
 
 
 class CheckpointStore:
-    """Runs and checkpoints on the local filesystem, addressed by ``tinker://`` paths."""
+    """Runs and checkpoints on the local filesystem, addressed by ``tinker://`` paths.
+
+    Opening a store cleans up after processes that were killed while saving (see the module docstring).
+    """
 
     def __init__(self, root: Path | None = None):
         self.root = Path(root).expanduser() if root is not None else default_root()
         self._lock = threading.RLock()
+        self._recover_all()
 
     # ----------------------------------------------------------------------------------------------------------
-    # Paths
+    # Paths: every one is checked to have no symlink below the root before it is used
     # ----------------------------------------------------------------------------------------------------------
 
     @property
     def runs_dir(self) -> Path:
         return self.root / "runs"
 
-    def _safe_join(self, *parts: str) -> Path:
-        """``runs/<parts...>``, checked to resolve inside the root (guards against symlinked escapes)."""
-        path = self.runs_dir.joinpath(*parts)
-        root = self.root.resolve()
-        if not path.resolve().is_relative_to(root):
-            raise errors.BadRequestError(
-                f"path {'/'.join(parts)!r} resolves outside the checkpoint store root {str(root)!r}; "
-                "remove the symlink or move the run into the store"
-            )
-        return path
+    def _checked(self, path: Path, subject: str) -> Path:
+        return store_paths.check_no_symlinks(self.root, path, subject)
 
-    def _run_dir(self, run_id: str) -> Path:
+    def _run_dir(self, run_id: str, subject: str | None = None) -> Path:
         """The directory of an existing run; NotFoundError if there is none."""
-        run_dir = self._safe_join(_validate_name("run_id", run_id))
-        if not (run_dir / RUN_FILE).is_file():
-            known = sorted((p.name for p in self.runs_dir.glob("*/" + RUN_FILE)), reverse=True)[:10]
+        run_dir = self.runs_dir / _validate_name("run_id", run_id)
+        self._checked(run_dir / RUN_FILE, subject or f"training run {run_id!r}")
+        if not store_paths.is_regular_file(run_dir / RUN_FILE):
+            known = [name for _, name, _ in self._run_dirs()][:10]
             raise errors.NotFoundError(
                 f"training run {run_id!r} not found in {str(self.runs_dir)!r}; known runs (newest first): "
-                f"{known or 'none'}. List them with `tinker-cookbook run list` (set {HOME_ENV_VAR} to use "
-                "another store)"
+                f"{', '.join(map(repr, known)) if known else 'none'}. List them with `tinker-cookbook run list` "
+                f"(set {HOME_ENV_VAR} to use another store)"
             )
         return run_dir
 
-    @staticmethod
-    def _staging(run_dir: Path) -> Path:
-        return run_dir / ".staging"
+    def _staging(self, run_dir: Path, subject: str) -> Path:
+        """The run's staging directory, created if missing."""
+        staging = self._checked(run_dir / ".staging", subject)
+        staging.mkdir(exist_ok=True)
+        return staging
 
-    @staticmethod
-    def _archive_dir(run_dir: Path, kind: CheckpointKind, name: str) -> Path:
-        return run_dir / ".archives" / kind / name
+    def _archive_dir(self, run_dir: Path, kind: CheckpointKind, name: str, subject: str) -> Path:
+        return self._checked(run_dir / ".archives" / kind / name, subject)
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Leftovers of killed processes
+    # ----------------------------------------------------------------------------------------------------------
+
+    def _recover_all(self) -> None:
+        """Clean every run's staging directory; best effort, since a read-only store must still open."""
+        try:
+            self._checked(self.runs_dir, "opening the store")
+            run_dirs = [Path(e.path) for e in os.scandir(self.runs_dir) if e.is_dir(follow_symlinks=False)]
+        except (OSError, store_paths.UnsafeStoreEntryError):
+            return  # missing, unreadable or symlinked: every later use reports it
+        for run_dir in run_dirs:
+            try:
+                self._recover_run(run_dir)
+            except (OSError, store_paths.UnsafeStoreEntryError):
+                continue
+
+    def _recover_run(self, run_dir: Path) -> None:
+        """Remove stale staging entries; put back a checkpoint whose overwrite was killed between its renames."""
+        staging = self._checked(run_dir / ".staging", "cleaning up killed saves")
+        if not store_paths.is_real_dir(staging):
+            return
+
+        def backup_target(entry: store_staging.StagingEntry) -> Path | None:
+            """Where a backup goes back to; None keeps it (it may be the only copy): a person should look."""
+            kind, name = (entry.target + ("", ""))[:2]
+            try:
+                path = run_dir / _normalize_kind(kind) / _validate_name("name", name)
+                return self._checked(path, "restoring a killed overwrite")
+            except (errors.BadRequestError, store_paths.UnsafeStoreEntryError):
+                return None
+
+        with self._lock:
+            store_staging.clean_staging(staging, backup_target, CHECKPOINT_FILE)
 
     # ----------------------------------------------------------------------------------------------------------
     # Runs
@@ -253,10 +265,11 @@ class CheckpointStore:
             "created_time": created.isoformat(),
             "last_request_time": created.isoformat(),
         }
+        self._checked(self.runs_dir, "creating a training run")
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         for _ in range(100):
             candidate = run_id or f"run-{created:%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
-            run_dir = self._safe_join(_validate_name("run_id", candidate))
+            run_dir = self.runs_dir / _validate_name("run_id", candidate)
             try:
                 run_dir.mkdir()
             except FileExistsError:
@@ -265,7 +278,8 @@ class CheckpointStore:
                         f"training run {run_id!r} already exists; pass run_id=None for a fresh id"
                     ) from None
                 continue
-            _write_json_atomic(run_dir / RUN_FILE, record, self._staging(run_dir))
+            store_staging.write_json_atomic(run_dir / RUN_FILE, record, self._staging(run_dir, f"training run {candidate!r}"))
+            store_staging.fsync_dir(self.runs_dir)
             return candidate
         raise errors.InternalServerError(f"could not find a free run id under {str(self.runs_dir)!r}")
 
@@ -275,12 +289,12 @@ class CheckpointStore:
             record = self.run_record(run_id)
             run_dir = self.runs_dir / run_id
             record["last_request_time"] = _now().isoformat()
-            _write_json_atomic(run_dir / RUN_FILE, record, self._staging(run_dir))
+            store_staging.write_json_atomic(run_dir / RUN_FILE, record, self._staging(run_dir, f"training run {run_id!r}"))
 
     def run_record(self, run_id: str) -> dict[str, Any]:
         """The raw ``run.json`` of a run (base model, LoRA config, user metadata, times)."""
         run_dir = self._run_dir(run_id)
-        record = _read_json(run_dir / RUN_FILE)
+        record = store_paths.read_json(run_dir / RUN_FILE)
         if record is None:
             raise errors.RequestFailedError(
                 f"{str(run_dir / RUN_FILE)!r} is unreadable; the run is corrupted"
@@ -295,30 +309,34 @@ class CheckpointStore:
         page, cursor = _paginate(self._all_runs(), limit, offset)
         return types.TrainingRunsResponse(training_runs=page, cursor=cursor)
 
-    def _all_runs(self) -> list[types.TrainingRun]:
-        if not self.runs_dir.is_dir():
+    def _run_dirs(self) -> list[tuple[datetime, str, Path]]:
+        """(created time, run id, directory) of every run, newest first; symlinked entries are skipped."""
+        self._checked(self.runs_dir, "listing training runs")
+        if not store_paths.is_real_dir(self.runs_dir):
             return []
         runs = []
-        root = self.root.resolve()
-        for run_dir in self.runs_dir.iterdir():
-            if run_dir.name.startswith(".") or not (run_dir / RUN_FILE).is_file():
+        for entry in os.scandir(self.runs_dir):
+            run_dir = Path(entry.path)
+            if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
                 continue
-            if not run_dir.resolve().is_relative_to(root):
-                continue  # a symlink out of the store: _safe_join refuses to serve it, so do not list it
-            runs.append((self._created_time(run_dir), run_dir.name, self._training_run(run_dir)))
+            if store_paths.is_regular_file(run_dir / RUN_FILE):
+                runs.append((self._created_time(run_dir), entry.name, run_dir))
         runs.sort(key=lambda t: (t[0], t[1]), reverse=True)
-        return [run for _, _, run in runs]
+        return runs
+
+    def _all_runs(self) -> list[types.TrainingRun]:
+        return [self._training_run(run_dir) for _, _, run_dir in self._run_dirs()]
 
     @staticmethod
     def _created_time(run_dir: Path) -> datetime:
-        record = _read_json(run_dir / RUN_FILE) or {}
+        record = store_paths.read_json(run_dir / RUN_FILE) or {}
         try:
             return datetime.fromisoformat(record["created_time"])
         except (KeyError, TypeError, ValueError):
-            return datetime.fromtimestamp((run_dir / RUN_FILE).stat().st_mtime, UTC)
+            return datetime.fromtimestamp((run_dir / RUN_FILE).lstat().st_mtime, UTC)
 
     def _training_run(self, run_dir: Path) -> types.TrainingRun:
-        record = _read_json(run_dir / RUN_FILE)
+        record = store_paths.read_json(run_dir / RUN_FILE)
         if record is None or "base_model" not in record:
             return types.TrainingRun(
                 training_run_id=run_dir.name, base_model="<unreadable run.json>", corrupted=True
@@ -358,7 +376,8 @@ class CheckpointStore:
 
         ``writer`` fills the staging directory it is given with the engine's files (safetensors, JSON). If it
         raises, the staging directory is removed and nothing becomes visible. An existing checkpoint of the same
-        name is a ConflictError unless ``overwrite=True``, in which case it is replaced as a whole.
+        name is a ConflictError unless ``overwrite=True``, in which case it is replaced as a whole: a kill at any
+        moment leaves the old or the new checkpoint loadable.
         """
         kind = _normalize_kind(kind)
         _validate_name("name", name)
@@ -367,34 +386,35 @@ class CheckpointStore:
         except (TypeError, ValueError) as e:
             raise TypeError(f"checkpoint metadata must be JSON-serializable, got {metadata!r}: {e}") from None
         expires_at = self._expires_at(ttl_seconds)
-        run_dir = self._run_dir(run_id)
-        target = self._safe_join(run_id, kind, name)
         tinker_path = make_tinker_path(run_id, kind, name)
-        if not overwrite and self._load_checkpoint(run_dir, kind, name) is not None:
+        run_dir = self._run_dir(run_id, tinker_path)
+        # Check every path this save touches before the engine spends time writing.
+        target = self._checked(run_dir / kind / name, tinker_path)
+        archives = self._archive_dir(run_dir, kind, name, tinker_path)
+        staging = self._staging(run_dir, tinker_path)
+        if self._load_checkpoint(run_dir, kind, name, tinker_path) is not None and not overwrite:
             raise self._conflict(tinker_path)
-        staging = self._staging(run_dir)
-        self._clean_stale_staging(staging)
-        staging.mkdir(parents=True, exist_ok=True)
-        tmp = staging / f"{kind}-{name}-{uuid.uuid4().hex}"
+        self._recover_run(run_dir)
+        tmp = staging / store_staging.staging_name("new", kind, name)
         tmp.mkdir()
         try:
             writer(tmp)
-            created = _now()
+            store_paths.check_tree(self.root, tmp, tinker_path)
+            store_staging.fsync_tree(tmp)
             record = {
                 "checkpoint_type": _KIND_TO_TYPE[kind],
-                "time": created.isoformat(),
+                "time": _now().isoformat(),
                 "size_bytes": _dir_size(tmp),
                 "public": False,
                 "expires_at": expires_at.isoformat() if expires_at else None,
                 "metadata": metadata,
             }
             # checkpoint.json last: its presence is what marks the directory complete.
-            _write_json_atomic(tmp / CHECKPOINT_FILE, record, staging)
+            store_staging.write_json_atomic(tmp / CHECKPOINT_FILE, record, staging)
             self._move_into_place(tmp, target, tinker_path, overwrite, staging)
         finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(self._archive_dir(run_dir, kind, name), ignore_errors=True)
+            store_paths.remove_tree(tmp)  # a failed save, or the old checkpoint after an exchange
+        store_paths.remove_tree(archives)
         self.touch_run(run_id)
         return self._checkpoint_from_record(run_id, kind, name, record)
 
@@ -404,43 +424,27 @@ class CheckpointStore:
             f"checkpoint {tinker_path} already exists; choose another name or pass overwrite=True to replace it"
         )
 
-    def _move_into_place(
-        self, tmp: Path, target: Path, tinker_path: str, overwrite: bool, staging: Path
-    ) -> None:
+    def _move_into_place(self, tmp: Path, target: Path, tinker_path: str, overwrite: bool, staging: Path) -> None:
         with self._lock:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            old = None
-            if target.exists():
-                # Replace in two renames: old away, new in. Readers see the old, then briefly nothing, then
-                # the new checkpoint, never a mix of the two.
+            target.parent.mkdir(exist_ok=True)
+            exists = os.path.lexists(self._checked(target, tinker_path))
+            if exists:
+                if not store_paths.is_real_dir(target):
+                    raise store_paths.unsafe_entry(self.root, target, tinker_path)
                 record = _read_checkpoint_record(target)
-                complete = record is not None and not _expired(record)
-                if complete and not overwrite:
+                if record is not None and not _expired(record) and not overwrite:
                     raise self._conflict(tinker_path)
-                old = staging / f"old-{uuid.uuid4().hex}"
-                os.rename(target, old)
             try:
-                os.rename(tmp, target)
+                if exists:
+                    store_staging.replace_dir(tmp, target, staging, CHECKPOINT_FILE)
+                else:
+                    os.rename(tmp, target)
             except OSError as e:  # another process created the same checkpoint in the meantime
-                raise errors.ConflictError(
-                    f"checkpoint {tinker_path} was written concurrently: {e}"
-                ) from None
-            finally:
-                if old is not None:
-                    shutil.rmtree(old, ignore_errors=True)
-
-    @staticmethod
-    def _clean_stale_staging(staging: Path) -> None:
-        """Remove staging leftovers of saves that were killed long ago (they are never listed anyway)."""
-        if not staging.is_dir():
-            return
-        cutoff = time.time() - _STALE_STAGING_SECONDS
-        for entry in staging.iterdir():
-            try:
-                if entry.stat().st_mtime < cutoff:
-                    shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-            except OSError:
-                pass
+                if store_paths.is_regular_file(target / CHECKPOINT_FILE):
+                    raise errors.ConflictError(f"checkpoint {tinker_path} was written concurrently: {e}") from None
+                raise
+            store_staging.fsync_dir(target.parent)
+            store_staging.fsync_dir(staging)
 
     @staticmethod
     def _expires_at(ttl_seconds: int | None) -> datetime | None:
@@ -457,34 +461,47 @@ class CheckpointStore:
     # Reading checkpoints
     # ----------------------------------------------------------------------------------------------------------
 
-    def _load_checkpoint(self, run_dir: Path, kind: CheckpointKind, name: str) -> dict[str, Any] | None:
-        """The checkpoint.json of a complete, unexpired checkpoint, else None (expired ones are removed)."""
-        ckpt_dir = run_dir / kind / name
+    def _load_checkpoint(
+        self, run_dir: Path, kind: CheckpointKind, name: str, subject: str
+    ) -> dict[str, Any] | None:
+        """The checkpoint.json of a complete, unexpired checkpoint, else None (expired ones are removed).
+
+        Raises store_paths.UnsafeStoreEntryError if the checkpoint's path or any file in it is a symlink.
+        """
+        ckpt_dir = self._checked(run_dir / kind / name, subject)
+        if not store_paths.is_real_dir(ckpt_dir):
+            return None
+        store_paths.check_tree(self.root, ckpt_dir, subject)
         record = _read_checkpoint_record(ckpt_dir)
         if record is None:
             return None
         if _expired(record):
-            self._remove_dir(run_dir, ckpt_dir)
-            shutil.rmtree(self._archive_dir(run_dir, kind, name), ignore_errors=True)
+            self._remove_checkpoint(run_dir, kind, name, subject)
             return None
         return record
 
-    def _remove_dir(self, run_dir: Path, ckpt_dir: Path) -> None:
-        """Rename away first so the directory vanishes at once, then delete at leisure."""
-        graveyard = self._staging(run_dir) / f"old-{uuid.uuid4().hex}"
-        graveyard.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.rename(ckpt_dir, graveyard)
-        except FileNotFoundError:  # someone else removed it first
-            return
-        shutil.rmtree(graveyard, ignore_errors=True)
+    def _remove_checkpoint(self, run_dir: Path, kind: CheckpointKind, name: str, subject: str) -> None:
+        """Delete a checkpoint and its cached archives (every path checked before anything is removed)."""
+        ckpt_dir = self._checked(run_dir / kind / name, subject)
+        archives = self._archive_dir(run_dir, kind, name, subject)
+        staging = self._staging(run_dir, subject)
+        with self._lock:
+            store_staging.discard(ckpt_dir, staging)
+        store_paths.remove_tree(archives)
 
     def _resolve(self, tinker_path: str) -> tuple[str, CheckpointKind, str, Path, dict[str, Any]]:
         """Parse and look up a path: (run_id, kind, name, directory, checkpoint.json)."""
         run_id, kind, name = parse_tinker_path(tinker_path)
-        run_dir = self._run_dir(run_id)
-        ckpt_dir = self._safe_join(run_id, kind, name)
-        record = self._load_checkpoint(run_dir, kind, name)
+        run_dir = self._run_dir(run_id, tinker_path)
+        ckpt_dir = self._checked(run_dir / kind / name, tinker_path)
+        record = self._load_checkpoint(run_dir, kind, name, tinker_path)
+        if record is None:
+            # A process killed while overwriting it may have left it as a backup: put that back and look again.
+            try:
+                self._recover_run(run_dir)
+            except store_paths.UnsafeStoreEntryError:
+                pass  # a symlinked staging directory: not what this lookup is about; a write reports it
+            record = self._load_checkpoint(run_dir, kind, name, tinker_path)
         if record is None:
             names = [c.tinker_path for c in self._run_checkpoints(run_dir)][:10]
             raise errors.NotFoundError(
@@ -536,14 +553,19 @@ class CheckpointStore:
         )
 
     def _iter_checkpoints(self, run_dir: Path) -> Iterator[types.Checkpoint]:
+        """Live checkpoints of a run; entries the store refuses to serve (symlinks) are skipped."""
         for kind in KINDS:
             kind_dir = run_dir / kind
-            if not kind_dir.is_dir():
+            if not store_paths.is_real_dir(kind_dir):
                 continue
-            for entry in kind_dir.iterdir():
-                if entry.name.startswith(".") or entry.is_symlink() or not entry.is_dir():
+            for entry in os.scandir(kind_dir):
+                if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
                     continue
-                record = self._load_checkpoint(run_dir, kind, entry.name)
+                subject = make_tinker_path(run_dir.name, kind, entry.name)
+                try:
+                    record = self._load_checkpoint(run_dir, kind, entry.name, subject)
+                except store_paths.UnsafeStoreEntryError:
+                    continue
                 if record is not None:
                     yield self._checkpoint_from_record(run_dir.name, kind, entry.name, record)
 
@@ -559,8 +581,7 @@ class CheckpointStore:
 
     def list_user_checkpoints(self, limit: int = 100, offset: int = 0) -> types.CheckpointsListResponse:
         """Checkpoints of every run, newest first; ``limit=0`` lists all."""
-        run_dirs = [self.runs_dir / r.training_run_id for r in self._all_runs()]
-        everything = [c for run_dir in run_dirs for c in self._iter_checkpoints(run_dir)]
+        everything = [c for _, _, run_dir in self._run_dirs() for c in self._iter_checkpoints(run_dir)]
         everything.sort(key=lambda c: (c.time, c.tinker_path), reverse=True)
         page, cursor = _paginate(everything, limit, offset)
         return types.CheckpointsListResponse(checkpoints=page, cursor=cursor)
@@ -583,17 +604,16 @@ class CheckpointStore:
     # ----------------------------------------------------------------------------------------------------------
 
     def delete_checkpoint(self, tinker_path: str) -> None:
-        run_id, kind, name, ckpt_dir, _ = self._resolve(tinker_path)
-        run_dir = self.runs_dir / run_id
         with self._lock:
-            self._remove_dir(run_dir, ckpt_dir)
-        shutil.rmtree(self._archive_dir(run_dir, kind, name), ignore_errors=True)
+            run_id, kind, name, _, _ = self._resolve(tinker_path)
+            self._remove_checkpoint(self.runs_dir / run_id, kind, name, tinker_path)
 
     def _update_record(self, tinker_path: str, **changes: Any) -> None:
         with self._lock:
             run_id, _, _, ckpt_dir, record = self._resolve(tinker_path)
+            staging = self._staging(self.runs_dir / run_id, tinker_path)
             record.update(changes)
-            _write_json_atomic(ckpt_dir / CHECKPOINT_FILE, record, self._staging(self.runs_dir / run_id))
+            store_staging.write_json_atomic(ckpt_dir / CHECKPOINT_FILE, record, staging)
 
     def set_public(self, tinker_path: str, public: bool) -> None:
         self._update_record(tinker_path, public=bool(public))
@@ -606,23 +626,23 @@ class CheckpointStore:
     def archive(self, tinker_path: str) -> Path:
         """A .tar of the checkpoint's files (without the store's checkpoint.json), built once and cached."""
         run_id, kind, name, ckpt_dir, record = self._resolve(tinker_path)
-        cache_dir = self._archive_dir(self.runs_dir / run_id, kind, name)
+        cache_dir = self._archive_dir(self.runs_dir / run_id, kind, name, tinker_path)
         # Keyed by the checkpoint's write time, so an overwritten checkpoint never serves a stale archive.
         stamp = datetime.fromisoformat(record["time"]).strftime("%Y%m%dT%H%M%S%f")
         tar_path = cache_dir / f"{run_id}_{kind}_{name}_{stamp}.tar"
-        if tar_path.is_file():
+        if store_paths.is_regular_file(tar_path):
             return tar_path
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = cache_dir / f".{uuid.uuid4().hex}.tmp"
         try:
             with tarfile.open(tmp, "w") as tar:
                 for file in sorted(ckpt_dir.rglob("*")):
-                    if file.is_file() and not file.is_symlink() and file.name != CHECKPOINT_FILE:
+                    if store_paths.is_regular_file(file) and file.name != CHECKPOINT_FILE:
                         tar.add(file, arcname=file.relative_to(ckpt_dir).as_posix(), recursive=False)
             os.replace(tmp, tar_path)
         finally:
-            tmp.unlink(missing_ok=True)
+            store_paths.remove_tree(tmp)
         for stale in cache_dir.glob("*.tar"):
             if stale != tar_path:
-                stale.unlink(missing_ok=True)
+                store_paths.remove_tree(stale)
         return tar_path

@@ -353,7 +353,8 @@ class SampleResponse(LooseBase):
 # Runs and checkpoints
 # ---------------------------------------------------------------------------------------------------------
 
-_TINKER_PATH = re.compile(r"^tinker://(?P<run>[A-Za-z0-9_.-]+)/(?P<kind>weights|sampler_weights)/(?P<name>[A-Za-z0-9_.-]+)$")
+# Used with fullmatch: a trailing "$" would also accept a path that ends in a newline.
+_TINKER_PATH = re.compile(r"tinker://(?P<run>[A-Za-z0-9_.-]+)/(?P<kind>weights|sampler_weights)/(?P<name>[A-Za-z0-9_.-]+)")
 
 
 class ParsedCheckpointTinkerPath(LooseBase):
@@ -365,7 +366,7 @@ class ParsedCheckpointTinkerPath(LooseBase):
 
     @classmethod
     def from_tinker_path(cls, tinker_path: str) -> ParsedCheckpointTinkerPath:
-        match = _TINKER_PATH.match(tinker_path)
+        match = _TINKER_PATH.fullmatch(tinker_path)
         if match is None or match["name"] in (".", "..") or match["run"] in (".", ".."):
             raise ValueError(
                 f"not a checkpoint path: {tinker_path!r}; expected tinker://<run_id>/weights/<name> "
