@@ -68,7 +68,7 @@ def _attrs(
         is_chat=training_type != "base",
         recommended_renderers=renderers,
         is_vl=is_vl,
-        architecture=architecture or ("moe" if re.search(r"-A\d+B$", size) else "dense"),
+        architecture=architecture or ("moe" if re.search(r"-A\d+B\Z", size) else "dense"),
         training_type=training_type,
         is_test_model=is_test_model,
     )
@@ -106,9 +106,9 @@ _EXPLICIT: dict[str, ModelAttributes] = {
     ),
 }
 
-_QWEN3 = re.compile(r"^Qwen/Qwen3-(?P<vl>VL-)?(?P<size>\d+(\.\d+)?B(-A\d+B)?)(?P<variant>-.*)?$")
-_LLAMA3 = re.compile(r"^meta-llama/(Meta-)?Llama-(?P<version>3(\.\d)?)-(?P<size>\d+B)(?P<variant>-.*)?$")
-_SMOLLM2 = re.compile(r"^HuggingFaceTB/SmolLM2-(?P<size>\d+(\.\d+)?[MB])(?P<variant>-.*)?$")
+_QWEN3 = re.compile(r"^Qwen/Qwen3-(?P<vl>VL-)?(?P<size>\d+(\.\d+)?B(-A\d+B)?)(?P<variant>-.*)?\Z")
+_LLAMA3 = re.compile(r"^meta-llama/(Meta-)?Llama-(?P<version>3(\.\d)?)-(?P<size>\d+B)(?P<variant>-.*)?\Z")
+_SMOLLM2 = re.compile(r"^HuggingFaceTB/SmolLM2-(?P<size>\d+(\.\d+)?[MB])(?P<variant>-.*)?\Z")
 
 KNOWN_FAMILIES = (
     "Qwen/Qwen3-* (hybrid, -Base, -Instruct-2507, -Thinking-2507)",

@@ -169,9 +169,9 @@ def _from_huggingface(name: str, tried: list[str]) -> Tokenizer | None:
 # Name patterns of each family whose exact tokenizer ships in a registry package. Qwen3.5 and later use another
 # vocabulary, hence ``Qwen3-`` (with the hyphen) rather than any ``Qwen3`` prefix.
 _FAMILY_PATTERNS: dict[str, re.Pattern[str]] = {
-    "qwen3": re.compile(r"^(Qwen/Qwen3-|Qwen/Qwen3$|tinker-cookbook/tiny-qwen3(-vl)?$)"),
-    "llama3": re.compile(r"^(meta-llama/(Meta-)?Llama-3([.-]|$)|tinker-cookbook/tiny-llama3$)"),
-    "smollm2": re.compile(r"^(HuggingFaceTB/SmolLM2-|tinker-cookbook/tiny-smollm2$)"),
+    "qwen3": re.compile(r"^(Qwen/Qwen3-|Qwen/Qwen3\Z|tinker-cookbook/tiny-qwen3(-vl)?\Z)"),
+    "llama3": re.compile(r"^(meta-llama/(Meta-)?Llama-3([.-]|\Z)|tinker-cookbook/tiny-llama3\Z)"),
+    "smollm2": re.compile(r"^(HuggingFaceTB/SmolLM2-|tinker-cookbook/tiny-smollm2\Z)"),
 }
 
 
