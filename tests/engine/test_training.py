@@ -150,8 +150,16 @@ def test_gradients_accumulate_until_optim_step(service):
         p.grad = None
     tc.forward_backward(a + b, "cross_entropy").result()
     together = _grads(tc)
+    # Two requests vs one: the same fp32 sums, but batched and reduced in another order (kernel blocking depends on
+    # shapes and thread count), so they agree to rounding, not bitwise. Rounding error scales with the summed terms,
+    # not with the result: after one Adam step every non-target row of lm_head's LoRA B is nearly the same +-lr
+    # vector, so lm_head's LoRA-A gradient, B^T (softmax - onehot), cancels to ~1e-3 of its terms and differs by
+    # ~2e-4 of its norm with 2 threads (1e-7 for the other tensors). Hence a per-tensor bound relative to the norm,
+    # 2e-3: ~10x above that, while an accumulation bug (a request dropped or counted twice) is an O(1) difference.
     for k in together:
-        torch.testing.assert_close(accumulated[k], together[k], rtol=1e-5, atol=1e-6)
+        norm = torch.linalg.vector_norm(together[k])
+        assert norm > 0, k  # every tensor gets gradient here, so the comparison is not vacuous
+        assert torch.linalg.vector_norm(accumulated[k] - together[k]) <= 2e-3 * norm, k
     tc.optim_step(types.AdamParams()).result()
     assert all(g is None for g in _grads(tc).values())
 
