@@ -444,7 +444,8 @@ FAILING_REQUESTS = {
     "optim_step nan lr": (lambda tc: tc.optim_step(types.AdamParams(learning_rate=float("nan"))),
                           BadRequestError, "learning_rate"),
     "optim_step None": (lambda tc: tc.optim_step(None), BadRequestError, "adam_params=None is a NoneType"),
-    "load bad path": (lambda tc: tc.load_state_with_optimizer("tinker://no-such-run/weights/x"), TinkerError, ""),
+    "load bad path": (lambda tc: tc.load_state_with_optimizer("tinker://no-such-run/weights/x"), TinkerError,
+                      "no-such-run"),
 }
 
 
