@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -33,8 +34,8 @@ def tc(service: tinker.ServiceClient) -> tinker.TrainingClient:
 def _datum(tokens: list[int], targets: Any = None, weights: Any = None) -> types.Datum:
     n = len(tokens)
     return types.Datum(model_input=types.ModelInput.from_ints(tokens),
-                       loss_fn_inputs=dict(target_tokens=targets if targets is not None else [7] * n,
-                                           weights=weights if weights is not None else [1.0] * n))
+                       loss_fn_inputs={"target_tokens": targets if targets is not None else [7] * n,
+                                       "weights": weights if weights is not None else [1.0] * n})
 
 
 GOOD = _datum([5, 6, 7])
@@ -142,7 +143,7 @@ def _wrong_shape(path: Any) -> None:
     import safetensors.torch
 
     state = safetensors.torch.load_file(str(path))
-    key = sorted(k for k in state if "lora_A" in k)[0]
+    key = min(k for k in state if "lora_A" in k)
     state[key] = torch.zeros(state[key].shape[0], state[key].shape[1] + 1)
     safetensors.torch.save_file(state, str(path))
 

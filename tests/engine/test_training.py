@@ -10,7 +10,12 @@ import torch
 
 from tinker_cookbook import tinker
 from tinker_cookbook.tinker import types
-from tinker_cookbook.tinker.errors import BadRequestError, NotFoundError, TinkerError, UnprocessableEntityError
+from tinker_cookbook.tinker.errors import (
+    BadRequestError,
+    NotFoundError,
+    TinkerError,
+    UnprocessableEntityError,
+)
 
 MODEL = "tinker-cookbook/tiny-smollm2"
 VOCAB = 49152
@@ -400,8 +405,8 @@ def _trained_with_pending_grads(service) -> tinker.TrainingClient:
 def _rl_datum(advantage: float = 1.0) -> types.Datum:
     d = _datum([5, 6, 7, 8])
     n = d.model_input.length
-    return types.Datum(model_input=d.model_input, loss_fn_inputs=dict(
-        target_tokens=d.loss_fn_inputs["target_tokens"], logprobs=[-3.0] * n, advantages=[advantage] * n))
+    return types.Datum(model_input=d.model_input, loss_fn_inputs={
+        "target_tokens": d.loss_fn_inputs["target_tokens"], "logprobs": [-3.0] * n, "advantages": [advantage] * n})
 
 
 def _custom(loss_value=None, metrics=None):
@@ -532,12 +537,12 @@ def _damage(directory, file: str, how: str) -> None:
         path.write_bytes(b"not a safetensors file")
     elif how == "reshape":  # a valid file whose first tensor has the wrong shape
         state = safetensors.torch.load_file(str(path))
-        key = sorted(k for k in state if k != "step")[0]
+        key = min(k for k in state if k != "step")
         state[key] = torch.zeros(state[key].numel() + 1)
         safetensors.torch.save_file(state, str(path))
     elif how == "nan":
         state = safetensors.torch.load_file(str(path))
-        key = sorted(k for k in state if k != "step")[0]
+        key = min(k for k in state if k != "step")
         state[key] = torch.full_like(state[key], float("nan"))
         safetensors.torch.save_file(state, str(path))
     elif how == "delete":

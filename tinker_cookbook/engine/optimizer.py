@@ -38,8 +38,8 @@ class AdamW:
     @torch.no_grad()
     def step(self, hp: types.AdamParams) -> dict[str, float]:
         """One update from the parameters' ``.grad``; raises ``NonFiniteStep`` (changing nothing) on NaN/inf."""
-        names = [k for k, p in self.params.items() if p.grad is not None]
-        grads = [self.params[k].grad for k in names]
+        pending = {k: p.grad for k, p in self.params.items() if p.grad is not None}
+        names, grads = list(pending), [g for g in pending.values() if g is not None]
         bad = [k for k, g in zip(names, grads) if not bool(torch.isfinite(g).all())]
         if bad:
             raise NonFiniteStep(f"the accumulated gradients hold NaN or inf in {len(bad)} of {len(names)} tensors "

@@ -144,7 +144,7 @@ def _stops(stop: Any, limits: ModelLimits) -> tuple[frozenset[int], tuple[str, .
 
 
 def _eos_id(tokenizer: Any, vocab_size: int) -> int | None:
-    eos = getattr(tokenizer, "eos_token_id", None)
+    eos: Any = getattr(tokenizer, "eos_token_id", None)
     return int(eos) if _is_int(eos) and 0 <= eos < vocab_size else None
 
 

@@ -19,9 +19,10 @@ import math
 import numbers
 import random
 import warnings
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import safetensors.torch
 import torch
@@ -334,7 +335,7 @@ class TrainingSession:
         logps, _ = self._run_batch(model, batch, None)
         loss, metrics, weights = _run_custom_loss(loss_fn, list(data), logps)
         with self._all_or_nothing():
-            self._run_batch(model, batch, [lambda logp, span, g=g: (logp * g[span]).sum() for g in weights])
+            self._run_batch(model, batch, [_surrogate(g) for g in weights])
             self._check_grads_finite("forward_backward_custom")
         self.pending_backward += 1
         outputs = [{"logprobs": types.TensorData.from_torch(lp.float())} for lp in logps]
@@ -458,10 +459,17 @@ def _length_groups(lengths: list[int]) -> list[list[int]]:
     return groups
 
 
-def _first_outside(ids: Any, vocab_size: int) -> Any:
-    """The first id that is not an integer in [0, vocab_size), or None (Python ints, so that any size compares)."""
-    return next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 <= t < vocab_size),
-                None)
+def _surrogate(coeffs: torch.Tensor) -> TokenLoss:
+    """The token loss sum(coeffs · logp), whose gradient is the custom loss's (``coeffs`` = dloss/dlogp)."""
+    return lambda logp, span: (logp * coeffs[span]).sum()
+
+
+def _first_outside(ids: Iterable[Any], vocab_size: int) -> Any:
+    """The first id that is not a number in [0, vocab_size), or None (Python ints, so that any size compares)."""
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < vocab_size:
+            return t
+    return None
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -510,7 +518,7 @@ def _run_custom_loss(loss_fn: CustomLossFn, data: list[types.Datum], logps: list
         result = loss_fn(data, leaves)
     except TinkerError:
         raise
-    except Exception as exc:  # noqa: BLE001 - the user's code failed, not the engine
+    except Exception as exc:  # the user's code failed, not the engine
         raise BadRequestError(f"the custom loss_fn raised {type(exc).__name__}: {exc}; fix the loss function (it "
                               "gets the data and one logprob tensor per datum)") from exc
     if not isinstance(result, tuple) or len(result) != 2:

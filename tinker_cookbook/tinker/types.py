@@ -14,7 +14,15 @@ from typing import Annotated, Any, Literal, Sequence, TypeAlias, Union
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 try:  # torch is a core dependency, but the types stay importable without it.
     import torch
