@@ -80,5 +80,45 @@ def test_unknown_loss_and_config_key():
         losses.get_loss("mse")
     with pytest.raises(BadRequestError, match="clip_low"):
         losses.resolve_config("ppo", {"clip_low": 0.5})
-    with pytest.raises(BadRequestError, match="must be <="):
+    with pytest.raises(BadRequestError, match=r"clip_low_threshold'\]=1.5 is out of range; it must be in \[0, 1\]"):
         losses.resolve_config("ppo", {"clip_low_threshold": 1.5, "clip_high_threshold": 1.1})
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("name, config, message", [
+    ("dro", {"beta": NAN}, r"loss_fn_config\['beta'\]=nan is not a finite number; pass a finite float such as 0.05"),
+    ("dro", {"beta": INF}, r"'beta'\]=inf is not a finite number"),
+    ("dro", {"beta": -INF}, r"'beta'\]=-inf is not a finite number"),
+    ("dro", {"beta": 0.0}, r"'beta'\]=0.0 is out of range; it must be > 0"),
+    ("dro", {"beta": -0.1}, r"'beta'\]=-0.1 is out of range"),
+    ("dro", {"beta": "0.1"}, r"'beta'\]='0.1' is not a number"),
+    ("dro", {"beta": True}, r"'beta'\]=True is not a number"),
+    ("ppo", {"clip_low_threshold": NAN}, r"'clip_low_threshold'\]=nan is not a finite number"),
+    ("ppo", {"clip_high_threshold": INF}, r"'clip_high_threshold'\]=inf is not a finite number"),
+    ("cispo", {"clip_low_threshold": -0.1}, r"'clip_low_threshold'\]=-0.1 is out of range; it must be in \[0, 1\]"),
+    ("cispo", {"clip_high_threshold": 0.9}, r"'clip_high_threshold'\]=0.9 is out of range; it must be >= 1"),
+    ("ppo", "abc", r"loss_fn_config='abc' is a str, not a dict"),
+    ("ppo", [0.8, 1.2], r"loss_fn_config=\[0.8, 1.2\] is a list, not a dict"),
+    ("cross_entropy", {"beta": 0.1}, r"key 'beta' is not used by loss 'cross_entropy'; allowed keys: none"),
+])
+def test_config_values_must_be_finite_and_in_range(name, config, message):
+    """A NaN/inf or out-of-range config value would reach every gradient: it is refused, naming key and value."""
+    with pytest.raises(BadRequestError, match=message):
+        losses.resolve_config(name, config)
+
+
+def test_config_accepts_edges_and_numpy_numbers():
+    import numpy as np
+
+    assert losses.resolve_config("cispo", {"clip_low_threshold": 0, "clip_high_threshold": 1}) == {
+        "clip_low_threshold": 0.0, "clip_high_threshold": 1.0}
+    assert losses.resolve_config("dro", {"beta": np.float32(0.5)}) == {"beta": 0.5}
+    assert losses.resolve_config("dro", None) == {"beta": 0.05}
+
+
+@pytest.mark.parametrize("name", [None, 3, ["ppo"]])
+def test_loss_name_must_be_a_known_string(name):
+    with pytest.raises(BadRequestError, match="not a built-in loss"):
+        losses.get_loss(name)

@@ -589,6 +589,23 @@ def test_bad_requests_raise_and_engine_keeps_serving(
     assert len(_sample(engine, qwen3_weights, tokenizer, hi, max_tokens=2).sequences[0].tokens) == 2
 
 
+def test_num_samples_is_bounded_and_the_limit_itself_is_served(
+    engine: SamplerEngine, qwen3_weights: SamplingWeights, tokenizer: Any
+) -> None:
+    """An unbounded num_samples would hold the sampler for every later request: refused at the call site."""
+    from tinker_cookbook.engine.sampler_requests import MAX_NUM_SAMPLES
+
+    params = types.SamplingParams(max_tokens=1, seed=0)
+    hi = _prompt(tokenizer, "hi")
+    with pytest.raises(BadRequestError, match=rf"num_samples=100000 is more than the limit of {MAX_NUM_SAMPLES} per "
+                                              r"request; split it into several sample calls"):
+        engine.submit(qwen3_weights, tokenizer, hi, 100000, params)
+    with pytest.raises(BadRequestError, match=f"num_samples={MAX_NUM_SAMPLES + 1} "):
+        engine.submit(qwen3_weights, tokenizer, hi, MAX_NUM_SAMPLES + 1, params)
+    assert len(engine.submit(qwen3_weights, tokenizer, hi, MAX_NUM_SAMPLES, params).result(timeout=120).sequences) \
+        == MAX_NUM_SAMPLES
+
+
 class _BrokenTokenizer:
     eos_token_id = None
 

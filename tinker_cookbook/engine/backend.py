@@ -14,12 +14,11 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-import safetensors.torch
 import torch
 
 from tinker_cookbook.engine import models
 from tinker_cookbook.engine.checkpoint_store import CheckpointStore
-from tinker_cookbook.engine.training import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, BaseModel, TrainingSession
+from tinker_cookbook.engine.training import BaseModel, TrainingSession, read_sampler_adapter
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError, InternalServerError, NotFoundError, TinkerError
 
@@ -87,6 +86,7 @@ class LocalBackend:
         )
 
     def create_session(self, base_model: str, lora: types.LoraConfig, user_metadata: dict[str, str] | None) -> str:
+        _check_model_name(base_model)
         if lora.rank < 1:
             raise BadRequestError(f"rank={lora.rank} is invalid; the LoRA rank must be a positive integer (e.g. 32)")
         if not (lora.train_attn or lora.train_mlp or lora.train_unembed):
@@ -110,7 +110,11 @@ class LocalBackend:
             train_unembed=bool(meta["train_unembed"]), seed=0,
         )
         run_id = self.create_session(meta["base_model"], lora, user_metadata)
-        self.submit_session(run_id, lambda s: s.load_state(directory, with_optimizer)).result()
+        try:
+            self.submit_session(run_id, lambda s: s.load_state(directory, with_optimizer, path)).result()
+        except BaseException:
+            self.close_session(run_id)  # a checkpoint that does not load leaves no half-made client behind
+            raise
         return run_id, meta["base_model"], lora
 
     def close_session(self, run_id: str) -> None:
@@ -135,7 +139,7 @@ class LocalBackend:
         if meta.get("base_model") != session.base.spec.name:
             raise BadRequestError(f"{path} was trained on {meta.get('base_model')!r}, but this client's base model is "
                                   f"{session.base.spec.name!r}; create a client with create_training_client_from_state")
-        session.load_state(self.store.checkpoint_dir(path, expected_kind="weights"), with_optimizer)
+        session.load_state(self.store.checkpoint_dir(path, expected_kind="weights"), with_optimizer, path)
         return types.LoadWeightsResponse(path=path, type="load_weights")
 
     # -- sampling ---------------------------------------------------------------------------------------
@@ -169,13 +173,12 @@ class LocalBackend:
         return self.submit(lambda: self._handle_from_dir(meta["base_model"], directory, model_path)).result()
 
     def _handle_from_dir(self, base_model: str, directory: Path, model_path: str) -> SamplerHandle:
-        import json
-
-        state = safetensors.torch.load_file(str(directory / ADAPTER_WEIGHTS_FILE))
-        config = json.loads((directory / ADAPTER_CONFIG_FILE).read_text())
-        return self._handle(self._base(base_model), state, config, model_path)
+        base = self._base(base_model)
+        state, config = read_sampler_adapter(directory, model_path, base)
+        return self._handle(base, state, config, model_path)
 
     def handle_for_base(self, base_model: str) -> SamplerHandle:
+        _check_model_name(base_model)
         return self.submit(lambda: self._handle(self._base(base_model), None, None, None)).result()
 
     def sample(self, handle: SamplerHandle, prompt: types.ModelInput, num_samples: int, params: types.SamplingParams,
@@ -184,13 +187,22 @@ class LocalBackend:
                                    include_prompt_logprobs, topk_prompt_logprobs)
 
 
+def _check_model_name(base_model: object) -> None:
+    if not isinstance(base_model, str) or not base_model:
+        raise BadRequestError(f"base_model={base_model!r} is not a model name; pass one of "
+                              "get_server_capabilities().supported_models, e.g. 'Qwen/Qwen3-8B'")
+
+
 def _as_api_error(fn: Callable[[], T]) -> T:
-    """Run ``fn``; unexpected exceptions become InternalServerError (API errors pass through unchanged)."""
+    """Run ``fn``; API errors pass through, anything else is an engine failure: InternalServerError.
+
+    Only explicit validation raises BadRequestError. A stray ValueError, KeyError or TypeError is a bug in the
+    engine, not the user's mistake, so it is never relabelled as one; its type is named and it stays chained as
+    ``__cause__`` for the traceback.
+    """
     try:
         return fn()
     except TinkerError:
         raise
-    except (ValueError, KeyError, TypeError) as exc:
-        raise BadRequestError(str(exc)) from exc
     except Exception as exc:  # noqa: BLE001 - report any engine failure through the request's future
-        raise InternalServerError(f"{type(exc).__name__}: {exc}") from exc
+        raise InternalServerError(f"the engine failed: {type(exc).__name__}: {exc}") from exc

@@ -13,8 +13,11 @@ a scalar. All are *sums* over tokens: any normalisation (per sequence, per batch
 
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any
 
 import torch
 
@@ -70,24 +73,55 @@ LOSSES: dict[str, LossSpec] = {
 }
 
 
-def get_loss(name: str) -> LossSpec:
-    if name not in LOSSES:
+def get_loss(name: Any) -> LossSpec:
+    if not isinstance(name, str) or name not in LOSSES:
         raise BadRequestError(f"loss_fn={name!r} is not a built-in loss; choose one of {sorted(LOSSES)}")
     return LOSSES[name]
 
 
-def resolve_config(name: str, config: dict[str, float] | None) -> dict[str, float]:
-    """The loss's defaults overridden by ``config``; unknown keys are an error (a typo would silently do nothing)."""
+def resolve_config(name: str, config: Any) -> dict[str, float]:
+    """The loss's defaults overridden by ``config``, every value checked against ``CONFIG_RANGES``.
+
+    Unknown keys are an error (a typo would silently do nothing), and so is any non-finite or out-of-range value:
+    a NaN or inf here would reach the gradients and, through ``optim_step``, every weight of the adapter.
+    """
     spec = get_loss(name)
+    if config is not None and not isinstance(config, Mapping):
+        raise BadRequestError(
+            f"loss_fn_config={config!r} is a {type(config).__name__}, not a dict; pass None (the defaults) or a dict "
+            f"of the loss's keys, for {name!r}: {spec.config_defaults or 'no keys, so None'}"
+        )
     merged = dict(spec.config_defaults)
     for key, value in (config or {}).items():
         if key not in spec.config_defaults:
             allowed = sorted(spec.config_defaults) or "none"
             raise BadRequestError(f"loss_fn_config key {key!r} is not used by loss {name!r}; allowed keys: {allowed}")
-        merged[key] = float(value)
-    if "clip_low_threshold" in merged and not merged["clip_low_threshold"] <= merged["clip_high_threshold"]:
-        raise BadRequestError(
-            f"loss_fn_config clip_low_threshold={merged['clip_low_threshold']} must be <= "
-            f"clip_high_threshold={merged['clip_high_threshold']}"
-        )
+        merged[key] = _config_number(key, value, spec.config_defaults[key])
     return merged
+
+
+CONFIG_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+    # The ratio r = p/q is 1 on-policy; a clip range that excludes 1 would clip (and zero the gradient of) even
+    # the freshest samples, so the thresholds must bracket 1 (which also orders them). Low 0 = no lower clip.
+    "clip_low_threshold": (lambda x: 0.0 <= x <= 1.0, "in [0, 1]"),
+    "clip_high_threshold": (lambda x: x >= 1.0, ">= 1"),
+    # beta weighs DRO's quadratic penalty; 0 would remove it and a negative value would reward drifting away.
+    "beta": (lambda x: x > 0.0, "> 0"),
+}
+"""The allowed range of each finite ``loss_fn_config`` value, and how an error message states it."""
+
+
+def _config_number(key: str, value: Any, default: float) -> float:
+    in_range, rule = CONFIG_RANGES[key]
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise BadRequestError(
+            f"loss_fn_config[{key!r}]={value!r} is not a number; pass a finite float such as {default}"
+        )
+    number = float(value)
+    if not math.isfinite(number):
+        raise BadRequestError(
+            f"loss_fn_config[{key!r}]={number} is not a finite number; pass a finite float such as {default}"
+        )
+    if not in_range(number):
+        raise BadRequestError(f"loss_fn_config[{key!r}]={number} is out of range; it must be {rule} (default {default})")
+    return number

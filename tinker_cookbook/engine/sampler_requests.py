@@ -18,6 +18,11 @@ from tinker_cookbook.tinker.errors import BadRequestError, UnprocessableEntityEr
 DEFAULT_MAX_TOKENS = 1024
 """``max_tokens=None`` samples up to this many tokens, or up to the end of the context window if that is nearer."""
 
+MAX_NUM_SAMPLES = 1024
+"""The most samples one request may ask for. A request's samples queue for slots of the shared batch ahead of
+every later request, so an unbounded count would hold the sampler for everyone else; 1024 is far above RL group
+sizes. Callers who need more split them into several requests."""
+
 
 @dataclass(frozen=True)
 class ModelLimits:
@@ -139,7 +144,7 @@ def _stops(stop: Any, limits: ModelLimits) -> tuple[frozenset[int], tuple[str, .
 
 
 def _eos_id(tokenizer: Any, vocab_size: int) -> int | None:
-    eos = getattr(tokenizer, "eos_token_id", None)
+    eos: Any = getattr(tokenizer, "eos_token_id", None)
     return int(eos) if _is_int(eos) and 0 <= eos < vocab_size else None
 
 
@@ -157,6 +162,11 @@ def validate_request(
         raise BadRequestError(f"sampling_params must be a types.SamplingParams, got {type(params).__name__}")
     if not _is_int(num_samples) or num_samples < 1:
         raise BadRequestError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+    if num_samples > MAX_NUM_SAMPLES:
+        raise BadRequestError(
+            f"num_samples={num_samples} is more than the limit of {MAX_NUM_SAMPLES} per request; split it into "
+            f"several sample calls of at most {MAX_NUM_SAMPLES} each"
+        )
     if not _is_int(topk_prompt_logprobs) or not 0 <= topk_prompt_logprobs <= limits.vocab_size:
         raise BadRequestError(
             f"topk_prompt_logprobs must be an integer in [0, {limits.vocab_size}] (0 = off), "

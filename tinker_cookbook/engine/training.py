@@ -13,13 +13,16 @@ Sequences of similar length run together as one right-padded batch, with padding
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import numbers
 import random
 import warnings
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import safetensors.torch
 import torch
@@ -27,9 +30,9 @@ from transformers import PreTrainedModel
 
 from tinker_cookbook.engine import losses
 from tinker_cookbook.engine.models import ModelSpec
-from tinker_cookbook.engine.optimizer import AdamW
+from tinker_cookbook.engine.optimizer import AdamW, InvalidState, NonFiniteStep
 from tinker_cookbook.tinker import types
-from tinker_cookbook.tinker.errors import BadRequestError, UnprocessableEntityError
+from tinker_cookbook.tinker.errors import BadRequestError, TinkerError, UnprocessableEntityError
 
 LOGPROB_CHUNK_TOKENS = 256
 GROUP_MAX_TOKENS = 2048
@@ -116,18 +119,26 @@ class BaseModel:
         state = peft.get_peft_model_state_dict(self._peft_model, adapter_name=name, save_embedding_layers=False)
         return {k: v.detach().clone().contiguous() for k, v in state.items()}
 
-    def load_adapter_state(self, name: str, state: dict[str, torch.Tensor]) -> None:
-        import peft
-
+    def check_adapter_state(self, name: str, state: dict[str, torch.Tensor], source: str) -> None:
+        """Raise BadRequestError (naming ``source``) unless ``state`` has exactly the adapter's tensors, finite."""
         expected = self.adapter_state(name)
         bad = [k for k in expected if k not in state or state[k].shape != expected[k].shape]
         extra = [k for k in state if k not in expected]
         if bad or extra:
             raise BadRequestError(
-                f"checkpoint does not match this adapter ({len(bad)} missing/mis-shaped, {len(extra)} unexpected "
+                f"{source} does not match this adapter ({len(bad)} missing/mis-shaped, {len(extra)} unexpected "
                 f"tensors, e.g. {(bad + extra)[:2]}); load it into a client with the same base model, rank and "
                 "train_attn/train_mlp/train_unembed, or use create_training_client_from_state"
             )
+        for key, tensor in state.items():
+            if not tensor.dtype.is_floating_point or not bool(torch.isfinite(tensor).all()):
+                raise BadRequestError(f"{source}: tensor {key!r} (dtype {tensor.dtype}) is not finite floating-point "
+                                      "data; the checkpoint is damaged: load an earlier checkpoint or save it again")
+
+    def load_adapter_state(self, name: str, state: dict[str, torch.Tensor], source: str = "adapter state") -> None:
+        import peft
+
+        self.check_adapter_state(name, state, source)
         with torch.no_grad():
             peft.set_peft_model_state_dict(self._peft_model, state, adapter_name=name)
 
@@ -159,8 +170,15 @@ class TrainingSession:
 
     # -- validation -------------------------------------------------------------------------------------
 
-    def _datum_tensors(self, index: int, datum: types.Datum, required: tuple[str, ...]) -> DatumTensors:
+    def _datum_tensors(self, index: int, datum: Any, required: tuple[str, ...]) -> DatumTensors:
         where = f"data[{index}]"
+        if not isinstance(datum, types.Datum):
+            hint = " (build it with types.Datum(**that_dict))" if isinstance(datum, dict) else ""
+            raise BadRequestError(f"{where} is a {type(datum).__name__} ({_short(datum)}), not a types.Datum; pass a "
+                                  f"list of types.Datum(model_input=..., loss_fn_inputs=...){hint}")
+        if not isinstance(datum.model_input, types.ModelInput):
+            raise BadRequestError(f"{where}.model_input is a {type(datum.model_input).__name__}, not a "
+                                  "types.ModelInput; use types.ModelInput.from_ints(tokens)")
         try:
             tokens = datum.model_input.to_ints()
         except ValueError as exc:
@@ -174,38 +192,52 @@ class TrainingSession:
         if n > limit:
             raise BadRequestError(f"{where}.model_input has {n} tokens, more than the context window {limit} of "
                                   f"{self.base.spec.name}; truncate it (e.g. max_length in the dataset builder)")
+        # Checked on the Python ints, before torch sees them: an id like 2**70 does not even fit in int64.
+        bad_id = _first_outside(tokens, self.base.vocab_size)
+        if bad_id is not None:
+            raise BadRequestError(f"{where}.model_input holds token id {bad_id} outside the vocabulary "
+                                  f"[0, {self.base.vocab_size}); encode the text with this model's tokenizer")
+        if not isinstance(datum.loss_fn_inputs, dict):
+            raise BadRequestError(f"{where}.loss_fn_inputs is a {type(datum.loss_fn_inputs).__name__}, not a dict "
+                                  "of name -> TensorData")
         missing = [k for k in required if k not in datum.loss_fn_inputs]
         if missing:
             raise BadRequestError(f"{where}.loss_fn_inputs lacks {missing} (has {sorted(datum.loss_fn_inputs)})")
-        inputs: dict[str, torch.Tensor] = {}
-        for key in required:
-            td = datum.loss_fn_inputs[key]
-            tensor = td.to_torch()
-            if tensor.dim() != 1 or tensor.shape[0] != n:
-                raise BadRequestError(f"{where}.loss_fn_inputs[{key!r}] has shape {list(tensor.shape)} but "
-                                      f"model_input has {n} tokens; each loss input must have shape [{n}]")
-            if key == "target_tokens":
-                if td.dtype != "int64":
-                    raise BadRequestError(f"{where}.loss_fn_inputs['target_tokens'] has dtype {td.dtype}; use int64")
-                bad = tensor[(tensor < 0) | (tensor >= self.base.vocab_size)]
-                if bad.numel():
-                    raise BadRequestError(f"{where}.loss_fn_inputs['target_tokens'] holds id {int(bad[0])} outside "
-                                          f"the vocabulary [0, {self.base.vocab_size})")
-            else:
-                if td.dtype != "float32":
-                    raise BadRequestError(f"{where}.loss_fn_inputs[{key!r}] has dtype {td.dtype}; use float32")
-                if not torch.isfinite(tensor).all():
-                    raise BadRequestError(f"{where}.loss_fn_inputs[{key!r}] holds NaN or inf; "
-                                          "all loss inputs must be finite")
-            inputs[key] = tensor
-        token_tensor = torch.tensor(tokens, dtype=torch.int64)
-        bad_in = token_tensor[(token_tensor < 0) | (token_tensor >= self.base.vocab_size)]
-        if bad_in.numel():
-            raise BadRequestError(f"{where}.model_input holds token id {int(bad_in[0])} outside the vocabulary "
-                                  f"[0, {self.base.vocab_size})")
-        return DatumTensors(token_tensor, inputs)
+        inputs = {key: self._loss_input(f"{where}.loss_fn_inputs[{key!r}]", key, datum.loss_fn_inputs[key], n)
+                  for key in required}
+        return DatumTensors(torch.tensor(tokens, dtype=torch.int64), inputs)
 
-    def _validate(self, data: list[types.Datum], required: tuple[str, ...]) -> list[DatumTensors]:
+    def _loss_input(self, where: str, key: str, td: Any, n: int) -> torch.Tensor:
+        """One loss input as a checked 1-D tensor of ``n`` values."""
+        if not isinstance(td, types.TensorData):
+            raise BadRequestError(f"{where} is a {type(td).__name__}, not a types.TensorData; pass a list, a numpy "
+                                  "array or a torch tensor when building the Datum")
+        if key == "target_tokens":
+            if td.dtype != "int64":
+                raise BadRequestError(f"{where} has dtype {td.dtype}; use int64")
+            bad_id = _first_outside(td.data, self.base.vocab_size)
+            if bad_id is not None:
+                raise BadRequestError(f"{where} holds id {bad_id} outside the vocabulary [0, {self.base.vocab_size}); "
+                                      "use token ids of this model's tokenizer")
+        elif td.dtype != "float32":
+            raise BadRequestError(f"{where} has dtype {td.dtype}; use float32")
+        try:
+            tensor = td.to_torch()
+        except (ValueError, TypeError, OverflowError) as exc:  # data that does not fit its dtype or shape
+            raise BadRequestError(f"{where} cannot be read as a {td.dtype} tensor of shape {td.shape} "
+                                  f"({type(exc).__name__}: {exc}); give {n} plain numbers") from exc
+        if tensor.dim() != 1 or tensor.shape[0] != n:
+            raise BadRequestError(f"{where} has shape {list(tensor.shape)} but model_input has {n} tokens; each "
+                                  f"loss input must have shape [{n}]")
+        if key != "target_tokens" and not bool(torch.isfinite(tensor).all()):
+            raise BadRequestError(f"{where} holds NaN or inf (or a value beyond the float32 range); all loss inputs "
+                                  "must be finite")
+        return tensor
+
+    def _validate(self, data: Any, required: tuple[str, ...]) -> list[DatumTensors]:
+        if not isinstance(data, (list, tuple)):
+            hint = "; wrap a single datum in a list: [datum]" if isinstance(data, types.Datum) else ""
+            raise BadRequestError(f"data is a {type(data).__name__} ({_short(data)}), not a list of types.Datum{hint}")
         if not data:
             raise BadRequestError("data is empty; pass at least one Datum")
         return [self._datum_tensors(i, d, required) for i, d in enumerate(data)]
@@ -269,22 +301,18 @@ class TrainingSession:
         config = losses.resolve_config(loss_fn, loss_fn_config)
         batch = self._validate(data, spec.required_inputs)
         model = self.base.activate(self.run_id)
-        saved_grads = self._grads_snapshot() if backward else None
-        try:
-            if backward:
-                def token_loss(item: DatumTensors) -> TokenLoss:
-                    return lambda logp, span: spec.fn(logp, {k: v[span] for k, v in item.inputs.items()}, config)
-
-                logps, totals = self._run_batch(model, batch, [token_loss(item) for item in batch])
-            else:
-                logps, _ = self._run_batch(model, batch, None)
-                totals = [float(spec.fn(lp, item.inputs, config)) for lp, item in zip(logps, batch)]
-        except BaseException:
-            if saved_grads is not None:
-                self._restore_grads(saved_grads)
-            raise
         if backward:
+            def token_loss(item: DatumTensors) -> TokenLoss:
+                return lambda logp, span: spec.fn(logp, {k: v[span] for k, v in item.inputs.items()}, config)
+
+            with self._all_or_nothing():
+                logps, totals = self._run_batch(model, batch, [token_loss(item) for item in batch])
+                _check_losses_finite(totals)
+                self._check_grads_finite("forward_backward")
             self.pending_backward += 1
+        else:
+            logps, _ = self._run_batch(model, batch, None)
+            totals = [float(spec.fn(lp, item.inputs, config)) for lp, item in zip(logps, batch)]
         return types.ForwardBackwardOutput(
             loss_fn_output_type=loss_fn,
             loss_fn_outputs=[{"logprobs": types.TensorData.from_torch(lp.float())} for lp in logps],
@@ -296,46 +324,67 @@ class TrainingSession:
 
         Pass 1 computes logprobs without a graph; the user's loss runs on leaf copies of them and autograd gives
         g = dL/dlogp; pass 2 backpropagates sum(g · logp). The gradient equals direct autograd of the loss while
-        the graph of only one group of sequences is alive at a time.
+        the graph of only one group of sequences is alive at a time. Everything the user's function returns is
+        checked before pass 2, so a rejected loss accumulates nothing.
         """
+        if not callable(loss_fn):
+            raise BadRequestError(f"loss_fn={_short(loss_fn)} is not callable; pass a function "
+                                  "(data, logprobs) -> (scalar loss tensor, metrics dict of floats)")
         batch = self._validate(data, ("target_tokens",))
         model = self.base.activate(self.run_id)
         logps, _ = self._run_batch(model, batch, None)
-        leaves = [lp.clone().requires_grad_(True) for lp in logps]
-        loss, metrics = loss_fn(data, leaves)
-        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            raise BadRequestError(f"custom loss_fn must return (scalar tensor, metrics), got loss={loss!r}")
-        coeffs = torch.autograd.grad(loss, leaves, allow_unused=True)
-        saved_grads = self._grads_snapshot()
-        try:
-            zeros = [torch.zeros_like(lp) for lp in logps]
-            weights = [(c if c is not None else z).detach() for c, z in zip(coeffs, zeros)]
-            self._run_batch(model, batch, [lambda logp, span, g=g: (logp * g[span]).sum() for g in weights])
-        except BaseException:
-            self._restore_grads(saved_grads)
-            raise
+        loss, metrics, weights = _run_custom_loss(loss_fn, list(data), logps)
+        with self._all_or_nothing():
+            self._run_batch(model, batch, [_surrogate(g) for g in weights])
+            self._check_grads_finite("forward_backward_custom")
         self.pending_backward += 1
         outputs = [{"logprobs": types.TensorData.from_torch(lp.float())} for lp in logps]
-        out_metrics = {"loss:sum": float(loss.detach()), **{k: float(v) for k, v in metrics.items()}}
-        return types.ForwardBackwardOutput(loss_fn_output_type="custom", loss_fn_outputs=outputs, metrics=out_metrics)
+        return types.ForwardBackwardOutput(loss_fn_output_type="custom", loss_fn_outputs=outputs,
+                                           metrics={"loss:sum": loss, **metrics})
 
     # -- gradients and optimizer ------------------------------------------------------------------------
 
-    def _grads_snapshot(self) -> dict[str, torch.Tensor | None]:
-        return {k: (p.grad.clone() if p.grad is not None else None) for k, p in self.params.items()}
+    @contextlib.contextmanager
+    def _all_or_nothing(self) -> Iterator[None]:
+        """Restore the pending gradients if the block fails: a rejected request accumulates nothing."""
+        saved = {k: (p.grad.clone() if p.grad is not None else None) for k, p in self.params.items()}
+        try:
+            yield
+        except BaseException:
+            for k, p in self.params.items():
+                p.grad = saved[k]
+            raise
 
-    def _restore_grads(self, saved: dict[str, torch.Tensor | None]) -> None:
-        for k, p in self.params.items():
-            p.grad = saved[k]
+    def _check_grads_finite(self, request: str) -> None:
+        """Refuse gradients (this request's plus those accumulated before it) that hold NaN or inf."""
+        bad = [k for k, p in self.params.items() if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+        if bad:
+            raise UnprocessableEntityError(
+                f"{request} refused: the gradients (added to those accumulated since the last optim_step) hold NaN "
+                f"or inf in {len(bad)} tensors, e.g. {bad[0]}; nothing was accumulated. Make the loss smaller "
+                "(scale weights/advantages down) or call optim_step between large batches"
+            )
+
+    def _clear_grads(self) -> None:
+        for p in self.params.values():
+            p.grad = None
+        self.pending_backward = 0
 
     def optim_step(self, hp: types.AdamParams) -> types.OptimStepResponse:
         _validate_adam(hp)
         if self.pending_backward == 0:
             raise BadRequestError("optim_step called with no accumulated gradients; call forward_backward first")
-        metrics = self.optimizer.step(hp)
-        for p in self.params.values():
-            p.grad = None
-        self.pending_backward = 0
+        try:
+            metrics = self.optimizer.step(hp)
+        except NonFiniteStep as exc:
+            # Kept, these gradients would fail every later step too: drop them so that training can go on.
+            self._clear_grads()
+            raise UnprocessableEntityError(
+                f"optim_step refused: {exc}. The weights, Adam state and step count are unchanged, and the "
+                "accumulated gradients were discarded: run forward_backward on the next batch and call optim_step "
+                "again"
+            ) from None
+        self._clear_grads()
         return types.OptimStepResponse(metrics=metrics)
 
     # -- checkpoints ------------------------------------------------------------------------------------
@@ -350,19 +399,29 @@ class TrainingSession:
         self.write_adapter(directory)
         safetensors.torch.save_file(self.optimizer.state_tensors(), str(directory / OPTIMIZER_FILE))
 
-    def load_state(self, directory: Path, with_optimizer: bool) -> None:
-        state = safetensors.torch.load_file(str(directory / ADAPTER_WEIGHTS_FILE))
-        if with_optimizer and not (directory / OPTIMIZER_FILE).exists():
-            raise BadRequestError(f"{directory.name} has no optimizer state; it is a sampler checkpoint? use "
-                                  "load_state (weights only) or a weights/ checkpoint from save_state")
-        self.base.load_adapter_state(self.run_id, state)
-        for p in self.params.values():
-            p.grad = None
-        self.pending_backward = 0
+    def load_state(self, directory: Path, with_optimizer: bool, source: str) -> None:
+        """Adopt a ``weights/`` checkpoint (``source``: its tinker:// path, for messages).
+
+        Every file is read and checked (keys, shapes, dtypes, finite values) before anything changes, so a damaged
+        checkpoint leaves the session exactly as it was.
+        """
+        adapter_label = f"{source}/{ADAPTER_WEIGHTS_FILE}"
+        adapter = read_tensors(directory / ADAPTER_WEIGHTS_FILE, adapter_label)
+        self.base.check_adapter_state(self.run_id, adapter, adapter_label)
+        optimizer = AdamW(self.params)
         if with_optimizer:
-            self.optimizer.load_state_tensors(safetensors.torch.load_file(str(directory / OPTIMIZER_FILE)))
-        else:
-            self.optimizer = AdamW(self.params)
+            label = f"{source}/{OPTIMIZER_FILE}"
+            if not (directory / OPTIMIZER_FILE).exists():
+                raise BadRequestError(f"{label} is missing, so this checkpoint has no Adam state; load its weights "
+                                      "only with load_state, or resume from a checkpoint written by save_state")
+            try:
+                optimizer.load_state_tensors(read_tensors(directory / OPTIMIZER_FILE, label))
+            except InvalidState as exc:
+                raise BadRequestError(f"{label} does not fit this adapter: {exc}; load an earlier checkpoint, or "
+                                      "its weights only with load_state") from None
+        self.base.load_adapter_state(self.run_id, adapter, adapter_label)
+        self._clear_grads()
+        self.optimizer = optimizer
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -400,20 +459,161 @@ def _length_groups(lengths: list[int]) -> list[list[int]]:
     return groups
 
 
+def _surrogate(coeffs: torch.Tensor) -> TokenLoss:
+    """The token loss sum(coeffs · logp), whose gradient is the custom loss's (``coeffs`` = dloss/dlogp)."""
+    return lambda logp, span: (logp * coeffs[span]).sum()
+
+
+def _first_outside(ids: Iterable[Any], vocab_size: int) -> Any:
+    """The first id that is not a number in [0, vocab_size), or None (Python ints, so that any size compares)."""
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < vocab_size:
+            return t
+    return None
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters for error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _chunk_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     logits = head(hidden).float()
     return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-def _validate_adam(hp: types.AdamParams) -> None:
+def _validate_adam(hp: Any) -> None:
+    if not isinstance(hp, types.AdamParams):
+        hint = " (a dict converts with types.AdamParams(**d))" if isinstance(hp, dict) else ""
+        raise BadRequestError(f"adam_params={_short(hp)} is a {type(hp).__name__}, not a types.AdamParams; pass e.g. "
+                              f"types.AdamParams(learning_rate=1e-4){hint}")
     checks = [
-        ("learning_rate", hp.learning_rate, hp.learning_rate >= 0, ">= 0"),
-        ("beta1", hp.beta1, 0 <= hp.beta1 < 1, "in [0, 1)"),
-        ("beta2", hp.beta2, 0 <= hp.beta2 < 1, "in [0, 1)"),
-        ("eps", hp.eps, hp.eps > 0, "> 0"),
-        ("weight_decay", hp.weight_decay, hp.weight_decay >= 0, ">= 0"),
-        ("grad_clip_norm", hp.grad_clip_norm, hp.grad_clip_norm >= 0, ">= 0 (0 disables clipping)"),
+        ("learning_rate", hp.learning_rate, lambda x: x >= 0, ">= 0"),
+        ("beta1", hp.beta1, lambda x: 0 <= x < 1, "in [0, 1)"),
+        ("beta2", hp.beta2, lambda x: 0 <= x < 1, "in [0, 1)"),
+        ("eps", hp.eps, lambda x: x > 0, "> 0"),
+        ("weight_decay", hp.weight_decay, lambda x: x >= 0, ">= 0"),
+        ("grad_clip_norm", hp.grad_clip_norm, lambda x: x >= 0, ">= 0 (0 disables clipping)"),
     ]
     for name, value, ok, rule in checks:
-        if not ok or not math.isfinite(value):
-            raise BadRequestError(f"AdamParams.{name}={value} is invalid; it must be finite and {rule}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or not ok(value):
+            raise BadRequestError(f"AdamParams.{name}={value!r} is invalid; it must be a finite number {rule}")
+
+
+def _check_losses_finite(totals: list[float]) -> None:
+    bad = [i for i, total in enumerate(totals) if not math.isfinite(total)]
+    if bad:
+        raise UnprocessableEntityError(
+            f"forward_backward refused: the loss of data[{bad[0]}] is {totals[bad[0]]} ({len(bad)} of {len(totals)} "
+            "data overflow float32); nothing was accumulated. Scale its weights/advantages down"
+        )
+
+
+def _run_custom_loss(loss_fn: CustomLossFn, data: list[types.Datum], logps: list[torch.Tensor]
+                     ) -> tuple[float, dict[str, float], list[torch.Tensor]]:
+    """Run the user's loss on leaf copies of ``logps``: (loss, metrics, dloss/dlogp per datum), all checked."""
+    leaves = [lp.clone().requires_grad_(True) for lp in logps]
+    try:
+        result = loss_fn(data, leaves)
+    except TinkerError:
+        raise
+    except Exception as exc:  # the user's code failed, not the engine
+        raise BadRequestError(f"the custom loss_fn raised {type(exc).__name__}: {exc}; fix the loss function (it "
+                              "gets the data and one logprob tensor per datum)") from exc
+    if not isinstance(result, tuple) or len(result) != 2:
+        raise BadRequestError(f"custom loss_fn must return (scalar loss tensor, metrics dict), got {_short(result)}")
+    loss, metrics = result
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.dtype.is_floating_point:
+        raise BadRequestError(f"custom loss_fn must return (scalar tensor, metrics), got loss={_short(loss)}")
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise UnprocessableEntityError(f"forward_backward_custom refused: the custom loss is {value}; nothing was "
+                                       "accumulated. Make the loss finite (e.g. guard logs and divisions)")
+    checked = _custom_metrics(metrics)
+    coeffs: tuple[torch.Tensor | None, ...] = (None,) * len(leaves)
+    if loss.requires_grad:  # a loss that does not depend on the logprobs has zero gradient
+        try:
+            coeffs = torch.autograd.grad(loss, leaves, allow_unused=True)
+        except RuntimeError as exc:
+            raise BadRequestError(f"the gradient of the custom loss could not be computed ({exc}); build the loss "
+                                  "from the given logprob tensors without in-place changes to them") from exc
+    weights = [(c if c is not None else torch.zeros_like(lp)).detach() for c, lp in zip(coeffs, logps)]
+    bad = [i for i, w in enumerate(weights) if not bool(torch.isfinite(w).all())]
+    if bad:
+        raise UnprocessableEntityError(f"forward_backward_custom refused: the gradient of the custom loss with respect "
+                                       f"to logprobs[{bad[0]}] holds NaN or inf; nothing was accumulated. Make the "
+                                       "loss smooth where it is evaluated (e.g. no sqrt or log at 0)")
+    return value, checked, weights
+
+
+def _custom_metrics(metrics: Any) -> dict[str, float]:
+    if not isinstance(metrics, dict):
+        raise BadRequestError(f"custom loss_fn must return (loss, metrics) with metrics a dict of str -> float, got "
+                              f"metrics={_short(metrics)}")
+    checked: dict[str, float] = {}
+    for key, value in metrics.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise BadRequestError(f"custom loss_fn metrics[{key!r}]={_short(value)} is not a float; return plain "
+                                  "floats keyed by name, e.g. {'kl': float(kl.detach())}")
+        checked[key] = float(value)
+    return checked
+
+
+def read_tensors(path: Path, label: str) -> dict[str, torch.Tensor]:
+    """A checkpoint's safetensors file; missing, truncated or corrupt is a BadRequestError naming ``label``."""
+    if not path.is_file():
+        raise BadRequestError(f"{label} is missing; the checkpoint is incomplete: load an earlier one or save again")
+    try:
+        return safetensors.torch.load_file(str(path))
+    except safetensors.SafetensorError as exc:  # its messages name no file
+        raise BadRequestError(f"{label} is not a readable safetensors file ({exc}); the checkpoint is damaged: load "
+                              "an earlier one or save again") from exc
+
+
+def read_json(path: Path, label: str) -> dict[str, Any]:
+    """A checkpoint's JSON object file; missing or corrupt is a BadRequestError naming ``label``."""
+    if not path.is_file():
+        raise BadRequestError(f"{label} is missing; the checkpoint is incomplete: load an earlier one or save again")
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequestError(f"{label} is not valid JSON ({exc}); the checkpoint is damaged: load an earlier one "
+                              "or save again") from exc
+    if not isinstance(value, dict):
+        raise BadRequestError(f"{label} holds a {type(value).__name__}, not a JSON object; the checkpoint is damaged")
+    return value
+
+
+def read_sampler_adapter(directory: Path, source: str, base: BaseModel
+                         ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The PEFT adapter of a ``sampler_weights/`` checkpoint, checked against ``base`` before the sampler merges it.
+
+    Checks what a damaged file could get wrong: readable files, finite floating-point tensors, LoRA pairs of the
+    configured rank whose outer dimensions match the base weight they adapt.
+    """
+    weights_label, config_label = f"{source}/{ADAPTER_WEIGHTS_FILE}", f"{source}/{ADAPTER_CONFIG_FILE}"
+    state = read_tensors(directory / ADAPTER_WEIGHTS_FILE, weights_label)
+    config = read_json(directory / ADAPTER_CONFIG_FILE, config_label)
+    rank = config.get("r")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise BadRequestError(f"{config_label} has r={rank!r}; the LoRA rank must be a positive integer")
+    embed = next((v for k, v in base.base_state.items() if k.endswith("embed_tokens.weight")), None)
+    for key, tensor in state.items():
+        if not tensor.dtype.is_floating_point or not bool(torch.isfinite(tensor).all()):
+            raise BadRequestError(f"{weights_label}: tensor {key!r} (dtype {tensor.dtype}) is not finite "
+                                  "floating-point data; the checkpoint is damaged: load an earlier one or save again")
+        for part, rank_dim in ((".lora_A.weight", 0), (".lora_B.weight", 1)):
+            if not key.endswith(part):
+                continue
+            module = key.removesuffix(part).removeprefix("base_model.model.")
+            target = base.base_state.get(f"{module}.weight", embed if module == "lm_head" else None)
+            outer = 1 - rank_dim  # A is [rank, in] and B is [out, rank], for a base weight of [out, in]
+            if tensor.dim() != 2 or tensor.shape[rank_dim] != rank or (
+                    target is not None and tensor.shape[outer] != target.shape[outer]):
+                raise BadRequestError(f"{weights_label}: tensor {key!r} has shape {list(tensor.shape)}, which does not "
+                                      f"fit rank {rank} on {base.spec.name}; the checkpoint is damaged or for another "
+                                      "model")
+    return state, config

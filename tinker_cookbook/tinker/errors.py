@@ -1,7 +1,9 @@
 """Errors of the Tinker-compatible API (the same names as the official SDK).
 
 Bad input raises ``BadRequestError`` (also a ``ValueError``); the message names the field, the bad value and
-the fix. A request that fails never leaves half-done state behind: the next valid request succeeds.
+the fix. Only such explicit validation raises it: a failure inside the engine is ``InternalServerError`` with the
+original exception as ``__cause__``. A request that fails never leaves half-done state behind: the next valid
+request succeeds.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ class BadRequestError(APIError, ValueError):
 
 
 class UnprocessableEntityError(BadRequestError):
-    """The request is well-formed but cannot be processed for this model (e.g. an image for a text model)."""
+    """The request is well-formed but cannot be processed: an image for a text model, or a loss, gradient or
+    update that overflows to NaN/inf (refused so that it never reaches the weights)."""
 
 
 class NotFoundError(APIError, LookupError):
@@ -36,7 +39,7 @@ class RequestFailedError(APIError, RuntimeError):
 
 
 class InternalServerError(RequestFailedError):
-    """An unexpected failure inside the engine."""
+    """An unexpected failure inside the engine (a bug, not the caller's input); the cause is chained."""
 
 
 class APITimeoutError(APIError, TimeoutError):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError
 from tinker_cookbook.tinker.futures import APIFuture
@@ -44,8 +46,12 @@ class ServiceClient:
     def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None,
                                     train_mlp: bool = True, train_attn: bool = True, train_unembed: bool = True,
                                     user_metadata: dict[str, str] | None = None) -> TrainingClient:
-        lora = types.LoraConfig(rank=rank, seed=seed, train_mlp=train_mlp, train_attn=train_attn,
-                                train_unembed=train_unembed)
+        try:
+            lora = types.LoraConfig(rank=rank, seed=seed, train_mlp=train_mlp, train_attn=train_attn,
+                                    train_unembed=train_unembed)
+        except ValidationError as exc:
+            raise BadRequestError(f"create_lora_training_client: {types.validation_summary(exc)}; rank and seed are "
+                                  "integers, train_* are booleans") from None
         run_id = self._backend.create_session(base_model, lora, user_metadata or self.user_metadata)
         return TrainingClient(self._backend, run_id, base_model, lora)
 

@@ -22,6 +22,12 @@ if TYPE_CHECKING:
 CustomLossFn = Callable[[list[types.Datum], list["torch.Tensor"]], tuple["torch.Tensor", dict[str, float]]]
 
 
+def _copy_data(data: Any) -> Any:
+    """A copy of a list of data, so that later changes by the caller do not reach the queued request; anything
+    else goes to the engine as it is, which rejects it with a message naming it."""
+    return list(data) if isinstance(data, (list, tuple)) else data
+
+
 class TrainingClient:
     def __init__(self, backend: LocalBackend, model_id: str, base_model: str, lora_config: types.LoraConfig) -> None:
         self._backend = backend
@@ -38,7 +44,8 @@ class TrainingClient:
     def forward(self, data: list[types.Datum], loss_fn: types.LossFnType,
                 loss_fn_config: dict[str, float] | None = None) -> APIFuture[types.ForwardBackwardOutput]:
         """Loss and per-token logprobs without gradients."""
-        return self._submit(lambda s: s.forward(list(data), loss_fn, loss_fn_config, backward=False))
+        batch = _copy_data(data)
+        return self._submit(lambda s: s.forward(batch, loss_fn, loss_fn_config, backward=False))
 
     async def forward_async(self, data: list[types.Datum], loss_fn: types.LossFnType,
                             loss_fn_config: dict[str, float] | None = None) -> APIFuture[types.ForwardBackwardOutput]:
@@ -47,7 +54,8 @@ class TrainingClient:
     def forward_backward(self, data: list[types.Datum], loss_fn: types.LossFnType,
                          loss_fn_config: dict[str, float] | None = None) -> APIFuture[types.ForwardBackwardOutput]:
         """Loss, logprobs, and gradients, which accumulate until ``optim_step``."""
-        return self._submit(lambda s: s.forward(list(data), loss_fn, loss_fn_config, backward=True))
+        batch = _copy_data(data)
+        return self._submit(lambda s: s.forward(batch, loss_fn, loss_fn_config, backward=True))
 
     async def forward_backward_async(self, data: list[types.Datum], loss_fn: types.LossFnType,
                                      loss_fn_config: dict[str, float] | None = None
@@ -57,7 +65,8 @@ class TrainingClient:
     def forward_backward_custom(self, data: list[types.Datum], loss_fn: CustomLossFn
                                 ) -> APIFuture[types.ForwardBackwardOutput]:
         """Gradients of an arbitrary differentiable loss of the per-datum logprob tensors."""
-        return self._submit(lambda s: s.forward_backward_custom(list(data), loss_fn))
+        batch = _copy_data(data)
+        return self._submit(lambda s: s.forward_backward_custom(batch, loss_fn))
 
     async def forward_backward_custom_async(self, data: list[types.Datum], loss_fn: CustomLossFn
                                             ) -> APIFuture[types.ForwardBackwardOutput]:

@@ -14,7 +14,15 @@ from typing import Annotated, Any, Literal, Sequence, TypeAlias, Union
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 try:  # torch is a core dependency, but the types stay importable without it.
     import torch
@@ -235,6 +243,15 @@ class AdamParams(StrictBase):
 
     grad_clip_norm: float = 0.0
     """Clip the global gradient norm to this value; 0 disables clipping."""
+
+
+def validation_summary(exc: ValidationError) -> str:
+    """pydantic's errors as ``field=value: problem; ...`` (for BadRequestError messages)."""
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error.get("loc", ())) or "value"
+        parts.append(f"{where}={error.get('input')!r}: {error.get('msg')}")
+    return "; ".join(parts)
 
 
 class LoraConfig(StrictBase):
