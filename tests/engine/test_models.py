@@ -211,7 +211,7 @@ def test_every_listed_tiny_model_trains_and_samples(name: str) -> None:
     with service.create_lora_training_client(base_model=name, rank=2, seed=0) as tc:
         tokens = list(range(100, 110))
         datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                            loss_fn_inputs=dict(target_tokens=tokens[1:], weights=[1.0] * 9))
+                            loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * 9})
         tc.forward_backward([datum], "cross_entropy")
         tc.optim_step(types.AdamParams(learning_rate=1e-2))
         sampler = tc.save_weights_and_get_sampling_client()

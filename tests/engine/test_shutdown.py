@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 import textwrap
@@ -20,10 +21,13 @@ from tinker_cookbook.tinker.errors import BadRequestError, RequestFailedError
 
 MODEL = "tinker-cookbook/tiny-smollm2"
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# Generous: a run takes seconds on an idle machine; this only bounds a hang.
+_EXIT_RUN_LIMIT_S = 300
 
 # Trains and samples, then exits while the sampler is still decoding long requests, a training request is
-# queued and the training client is alive. Before the exit hooks, the sampler's daemon thread was inside a torch op when the interpreter finalized
-# and the process aborted with "terminate called without an active exception" (every run on a 2-core machine).
+# queued and the training client is alive. Before the exit hooks, the sampler's daemon thread was inside a
+# torch op when the interpreter finalized, and the process aborted with "terminate called without an active
+# exception" (every run on a 2-core machine).
 _EXIT_SCRIPT = textwrap.dedent(
     """
     from tinker_cookbook import tinker
@@ -33,7 +37,7 @@ _EXIT_SCRIPT = textwrap.dedent(
     tc = service.create_lora_training_client(base_model={model!r}, rank=2, seed=0)
     tokens = list(range(100, 120))
     datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                        loss_fn_inputs=dict(target_tokens=tokens[1:], weights=[1.0] * 19))
+                        loss_fn_inputs={{"target_tokens": tokens[1:], "weights": [1.0] * 19}})
     tc.forward_backward([datum], "cross_entropy")
     sampler = tc.save_weights_and_get_sampling_client()
     prompt = types.ModelInput.from_ints([1, 2, 3])
@@ -48,22 +52,19 @@ _EXIT_SCRIPT = textwrap.dedent(
 def test_scripts_exit_cleanly_with_requests_in_flight(tmp_path: Path) -> None:
     script = tmp_path / "train_and_exit.py"
     script.write_text(_EXIT_SCRIPT.format(model=MODEL))
-    # Run concurrently: each run is mostly interpreter start and imports.
-    runs = [
-        subprocess.Popen([sys.executable, str(script)], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=_env_with_repo_on_path())
-        for _ in range(3)
-    ]
-    for run in runs:
-        stdout, stderr = run.communicate(timeout=300)
-        assert "script finished" in stdout, stderr
-        assert "terminate called" not in stderr, stderr
-        assert run.returncode == 0, stderr
+    # One run at a time keeps memory bounded on small machines; before the fix every run aborted.
+    for _ in range(3):
+        try:
+            run = subprocess.run([sys.executable, str(script)], cwd=REPO_ROOT, capture_output=True, text=True,
+                                 env=_env_with_repo_on_path(), timeout=_EXIT_RUN_LIMIT_S, check=False)
+        except subprocess.TimeoutExpired as expired:
+            pytest.fail(f"the script did not exit within {_EXIT_RUN_LIMIT_S} s; stderr: {expired.stderr!r}")
+        assert "script finished" in run.stdout, run.stderr
+        assert "terminate called" not in run.stderr, run.stderr
+        assert run.returncode == 0, run.stderr
 
 
 def _env_with_repo_on_path() -> dict[str, str]:
-    import os
-
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     return env
@@ -153,7 +154,7 @@ def _adapter_footprint(backend: LocalBackend) -> tuple[list[str], int]:
 def _train_one_step(tc: tinker.TrainingClient) -> None:
     tokens = list(range(100, 130))
     datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                        loss_fn_inputs=dict(target_tokens=tokens[1:], weights=[1.0] * (len(tokens) - 1)))
+                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
     tc.forward_backward([datum], "cross_entropy")
     tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
 
@@ -186,7 +187,7 @@ def test_closed_client_raises_a_clear_error(backend: LocalBackend) -> None:
     with tinker.ServiceClient().create_lora_training_client(base_model=MODEL, rank=4, seed=0) as tc:
         path = tc.save_weights_for_sampler("s").result().path
     datum = types.Datum(model_input=types.ModelInput.from_ints([1, 2]),
-                        loss_fn_inputs=dict(target_tokens=[2, 3], weights=[1.0, 1.0]))
+                        loss_fn_inputs={"target_tokens": [2, 3], "weights": [1.0, 1.0]})
     calls = [
         lambda: tc.forward_backward([datum], "cross_entropy"),
         lambda: tc.forward([datum], "cross_entropy"),
