@@ -15,7 +15,7 @@ import torch
 from tinker_cookbook.base import assets
 from tinker_cookbook.engine import gguf_convert, models
 from tinker_cookbook.engine.models import ModelSpec
-from tinker_cookbook.tinker.errors import NotFoundError
+from tinker_cookbook.tinker.errors import NotFoundError, UnprocessableEntityError
 
 TINY = {
     "tinker-cookbook/tiny-qwen3": 151936,
@@ -101,6 +101,122 @@ def test_smollm2_listed_from_the_packaged_gguf() -> None:
     spec = models.get_model_spec(models.SMOLLM2_NAME)
     assert (spec.source, spec.arch, spec.max_context_length) == ("gguf", "llama", 8192)
     assert spec in models.available_models()
+
+
+# --- only architectures that load end to end ----------------------------------------------------------
+
+MOE_LINEUP = [
+    "Qwen/Qwen3-30B-A3B",
+    "Qwen/Qwen3-30B-A3B-Base",
+    "Qwen/Qwen3-30B-A3B-Instruct-2507",
+    "Qwen/Qwen3-235B-A22B-Instruct-2507",
+    "Qwen/Qwen3-VL-30B-A3B-Instruct",
+    "Qwen/Qwen3-VL-235B-A22B-Instruct",
+]
+
+
+def _no_downloads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pretend the hub is reachable, and fail on any download of a config or of weights."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"tried to download or load {args}")
+
+    monkeypatch.setattr(models, "hub_usable", lambda: True)
+    monkeypatch.setattr(models, "_hub_spec", refuse)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr(AutoModelForImageTextToText, "from_pretrained", refuse)
+
+
+def test_registry_supports_exactly_what_the_sampler_decodes() -> None:
+    from tinker_cookbook.engine import sampler_model
+
+    assert models.supported_model_types() is sampler_model.SUPPORTED_MODEL_TYPES
+    for spec in models.known_models():
+        assert spec.name not in MOE_LINEUP
+    for spec in models.available_models():
+        config = models.load_model_config(spec.name)
+        assert config.model_type in models.supported_model_types(), spec.name
+
+
+@pytest.mark.parametrize("name", MOE_LINEUP)
+def test_moe_lineup_models_fail_before_any_download(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    _no_downloads(monkeypatch)
+    with pytest.raises(UnprocessableEntityError, match=r"mixture-of-experts.*model_type='qwen3(_vl)?_moe'") as info:
+        models.get_model_spec(name)
+    assert f"base_model={name!r}" in str(info.value) and "qwen3_vl" in str(info.value)
+    with pytest.raises(UnprocessableEntityError):
+        models.load_model(name)
+
+
+def _put_config_in_hf_cache(cache: Path, repo_id: str, config: dict[str, object]) -> None:
+    snapshot = cache / ("models--" + repo_id.replace("/", "--")) / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps(config))
+    (snapshot / "model.safetensors").write_bytes(b"")  # never read: the architecture is refused first
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+
+
+def test_cached_model_of_an_unsupported_architecture_is_not_offered(
+    offline_empty_hf_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    moe = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "max_position_embeddings": 4096}
+    other = {"architectures": ["GPT2ForCausalLM"], "model_type": "gpt2"}  # a causal LM the sampler lacks
+    _put_config_in_hf_cache(offline_empty_hf_cache, "acme/moe", moe)
+    _put_config_in_hf_cache(offline_empty_hf_cache, "acme/gpt2-ish", other)
+    listed = {spec.name for spec in models.available_models()} | {spec.name for spec in models.known_models()}
+    assert "acme/moe" not in listed and "acme/gpt2-ish" not in listed
+    _no_downloads(monkeypatch)
+    with pytest.raises(UnprocessableEntityError, match="mixture-of-experts"):
+        models.load_model("acme/moe")
+    with pytest.raises(UnprocessableEntityError, match="model_type='gpt2'"):
+        models.get_model_spec("acme/gpt2-ish")
+
+
+def test_hub_model_of_an_unsupported_architecture_fails_before_its_weights(
+    offline_empty_hf_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hub model outside the catalog: only its config.json is fetched, then it is refused."""
+    import huggingface_hub
+    from transformers import AutoModelForCausalLM
+
+    config_file = offline_empty_hf_cache / "config.json"
+    config_file.write_text(json.dumps({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}))
+    fetched: list[str] = []
+
+    def fetch_config(repo_id: str, filename: str, **kwargs: object) -> str:
+        fetched.append(filename)
+        return str(config_file)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("tried to download weights")
+
+    monkeypatch.setattr(models, "hub_usable", lambda: True)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fetch_config)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
+    with pytest.raises(UnprocessableEntityError, match="acme/new-moe.*mixture-of-experts"):
+        models.load_model("acme/new-moe")
+    assert set(fetched) == {"config.json"}
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_every_listed_tiny_model_trains_and_samples(name: str) -> None:
+    """What the registry offers loads end to end: a training step, then sampling from the trained adapter."""
+    from tinker_cookbook import tinker
+    from tinker_cookbook.tinker import types
+
+    service = tinker.ServiceClient()
+    assert name in {m.model_name for m in service.get_server_capabilities().supported_models}
+    with service.create_lora_training_client(base_model=name, rank=2, seed=0) as tc:
+        tokens = list(range(100, 110))
+        datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                            loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * 9})
+        tc.forward_backward([datum], "cross_entropy")
+        tc.optim_step(types.AdamParams(learning_rate=1e-2))
+        sampler = tc.save_weights_and_get_sampling_client()
+    response = sampler.sample(types.ModelInput.from_ints(tokens), 1, types.SamplingParams(max_tokens=3)).result()
+    assert len(response.sequences[0].tokens) >= 1
 
 
 # --- tiny models ---------------------------------------------------------------------------------------

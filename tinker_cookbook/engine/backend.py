@@ -5,12 +5,21 @@ checkpoint store and the sampler. Training requests of all clients run on one wo
 order, which gives each client the ordering guarantee of the API (and lets ``forward_backward`` and
 ``optim_step`` be submitted back to back). Sampling runs on the sampler's own thread, batching concurrent
 requests.
+
+Lifetime: ``close()`` stops both threads. At interpreter exit the training requests already submitted still run
+(the worker is an ordinary thread that Python joins, so a ``save_state`` queued just before exit completes, as
+it would on a server); then exit hooks stop the sampler (its pending requests fail) and close the engine.
 """
 
 from __future__ import annotations
 
+import atexit
+import collections
 import concurrent.futures
+import sys
 import threading
+import warnings
+import weakref
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -20,7 +29,13 @@ from tinker_cookbook.engine import models
 from tinker_cookbook.engine.checkpoint_store import CheckpointStore
 from tinker_cookbook.engine.training import BaseModel, TrainingSession, read_sampler_adapter
 from tinker_cookbook.tinker import types
-from tinker_cookbook.tinker.errors import BadRequestError, InternalServerError, NotFoundError, TinkerError
+from tinker_cookbook.tinker.errors import (
+    BadRequestError,
+    InternalServerError,
+    NotFoundError,
+    RequestFailedError,
+    TinkerError,
+)
 
 T = TypeVar("T")
 
@@ -46,12 +61,17 @@ class LocalBackend:
         self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-engine")
         self._sampler: Any = None
         self._sampler_lock = threading.Lock()
+        self._closed = False
+        self._worker_ident: int | None = None
+        self._submitting = threading.local()
+        self._collected: collections.deque[str] = collections.deque()
+        _close_at_exit(self)
 
     @classmethod
     def default(cls) -> LocalBackend:
         """The process-wide engine, so that every client shares the loaded base models."""
         with cls._default_lock:
-            if cls._default is None:
+            if cls._default is None or cls._default._closed:
                 cls._default = LocalBackend()
             return cls._default
 
@@ -59,7 +79,26 @@ class LocalBackend:
 
     def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
         """Run ``fn`` on the engine thread after everything submitted before it."""
-        return self._worker.submit(_as_api_error, fn)
+        future = self._enqueue(fn)
+        self._flush_collected()
+        return future
+
+    def _enqueue(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        if self._closed:
+            raise RequestFailedError(_CLOSED_MESSAGE)
+        self._submitting.active = True
+        try:
+            return self._worker.submit(self._run_request, fn)
+        except RuntimeError as exc:  # the executor was shut down meanwhile (close() or interpreter exit)
+            raise RequestFailedError(_CLOSED_MESSAGE) from exc
+        finally:
+            self._submitting.active = False
+
+    def _run_request(self, fn: Callable[[], T]) -> T:
+        self._worker_ident = threading.get_ident()
+        if self._closed:
+            raise RequestFailedError(f"{_CLOSED_MESSAGE} (this request was queued but had not started)")
+        return _as_api_error(fn)
 
     def submit_session(self, run_id: str, fn: Callable[[TrainingSession], T]) -> concurrent.futures.Future[T]:
         return self.submit(lambda: fn(self._session(run_id)))
@@ -117,13 +156,63 @@ class LocalBackend:
             raise
         return run_id, meta["base_model"], lora
 
-    def close_session(self, run_id: str) -> None:
-        def close() -> None:
-            session = self._sessions.pop(run_id, None)
-            if session is not None:
+    def close_session(self, run_id: str) -> concurrent.futures.Future[None]:
+        """Release a session (its adapter, gradients and Adam state) after the requests queued before this call."""
+        if self._closed:  # the sessions went with the engine
+            done: concurrent.futures.Future[None] = concurrent.futures.Future()
+            done.set_result(None)
+            return done
+        return self.submit(lambda: self._drop_session(run_id))
+
+    def _drop_session(self, run_id: str) -> None:
+        session = self._sessions.pop(run_id, None)
+        if session is not None:
+            with warnings.catch_warnings():
+                # peft warns when the deleted adapter was the active one; every request activates its own.
+                warnings.filterwarnings("ignore", message=".*was active which is now deleted.*")
                 session.close()
 
-        self.submit(close)
+    def release_collected(self, run_id: str) -> None:
+        """Release the session of a garbage-collected training client (its ``weakref.finalize`` callback).
+
+        The collector can run this in any thread, even inside this thread's own ``submit``, which holds the
+        executor's non-reentrant lock: then the id only waits in a queue that ``submit`` flushes on its way out.
+        Never runs torch here, and does nothing once the engine is closed or the interpreter is shutting down.
+        """
+        if self._closed or sys.is_finalizing():
+            return
+        self._collected.append(run_id)
+        if not getattr(self._submitting, "active", False):
+            self._flush_collected()
+
+    def _flush_collected(self) -> None:
+        while True:
+            try:
+                run_id = self._collected.popleft()
+            except IndexError:
+                return
+            try:
+                self._enqueue(lambda run_id=run_id: self._drop_session(run_id))
+            except RequestFailedError:  # closed meanwhile: the sessions went with the engine
+                return
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the engine (idempotent).
+
+        Training requests that have not started fail with ``RequestFailedError``; the running one finishes.
+        The sampler stops after its current step (waiting at most ``timeout`` seconds) and fails its pending
+        requests. Sessions and loaded base models are dropped with the engine.
+        """
+        self._closed = True
+        _open_backends.discard(self)
+        # Never join the worker from inside one of its own requests.
+        self._worker.shutdown(wait=threading.get_ident() != self._worker_ident)
+        with self._sampler_lock:
+            sampler = self._sampler
+        if sampler is not None:
+            sampler.close(timeout)
+        self._sessions.clear()
+        self._bases.clear()
 
     # -- checkpoints ------------------------------------------------------------------------------------
 
@@ -147,6 +236,8 @@ class LocalBackend:
     @property
     def sampler(self) -> Any:
         with self._sampler_lock:
+            if self._closed:
+                raise RequestFailedError(_CLOSED_MESSAGE)
             if self._sampler is None:
                 from tinker_cookbook.engine.sampler import SamplerEngine
 
@@ -191,6 +282,36 @@ def _check_model_name(base_model: object) -> None:
     if not isinstance(base_model, str) or not base_model:
         raise BadRequestError(f"base_model={base_model!r} is not a model name; pass one of "
                               "get_server_capabilities().supported_models, e.g. 'Qwen/Qwen3-8B'")
+
+
+_CLOSED_MESSAGE = (
+    "the local engine is closed (LocalBackend.close() was called, or the process is exiting); "
+    "create a new ServiceClient to start a new engine"
+)
+_open_backends: weakref.WeakSet[LocalBackend] = weakref.WeakSet()
+_exit_hook_lock = threading.Lock()
+_exit_hook_registered = False
+
+
+def _close_at_exit(backend: LocalBackend) -> None:
+    """Have ``backend`` closed by an exit hook (registered once per process)."""
+    global _exit_hook_registered
+    with _exit_hook_lock:
+        if not _exit_hook_registered:
+            atexit.register(_close_open_backends)
+            _exit_hook_registered = True
+        _open_backends.add(backend)
+
+
+def _close_open_backends() -> None:
+    """atexit: mark every engine closed, so that clients collected from now on release nothing.
+
+    Python has joined the worker by now (after it ran the requests submitted before exit), and the sampler has
+    its own exit hook, so nothing here waits or runs torch.
+    """
+    for backend in list(_open_backends):
+        backend._closed = True
+        backend._worker.shutdown(wait=False)
 
 
 def _as_api_error(fn: Callable[[], T]) -> T:

@@ -12,6 +12,10 @@ A name resolves through these sources, first match wins:
 
 Every loaded model is a fresh instance in eval mode with ``requires_grad=False`` everywhere: the engine adds
 LoRA on top and never trains the base.
+
+Only architectures that load end to end are listed or resolved: the sampler's compact decoder implements fewer
+than training does, so :func:`supported_model_types` (its list) decides. Asking for another one (e.g. a
+mixture-of-experts Qwen3) fails with ``UnprocessableEntityError`` before any weights are downloaded.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import torch
 
 from tinker_cookbook.base import assets, tiny_models
 from tinker_cookbook.engine import gguf_convert
-from tinker_cookbook.tinker.errors import NotFoundError
+from tinker_cookbook.tinker.errors import NotFoundError, UnprocessableEntityError
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -176,15 +180,16 @@ _FAMILIES = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3", "qwen3_vl
 _FAMILIES["qwen3_vl_moe"] = "qwen3_vl"
 _LM_HEAD_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration")
 
-# Models of the Tinker lineup in the families we support: obtainable from the hub, so "known" everywhere;
-# loadable only where the hub or the local cache has them. Context lengths are those of their configs.
+# Models of the Tinker lineup with their HF model_type: obtainable from the hub, so "known" everywhere when the
+# engine supports their architecture; loadable only where the hub or the local cache has them. Context lengths
+# are those of their configs. The mixture-of-experts ones are kept so that asking for them fails at once.
 _HUB_CATALOG: dict[str, tuple[str, int]] = {
-    "Qwen/Qwen3-VL-235B-A22B-Instruct": ("qwen3_vl", 262144),
-    "Qwen/Qwen3-VL-30B-A3B-Instruct": ("qwen3_vl", 262144),
-    "Qwen/Qwen3-235B-A22B-Instruct-2507": ("qwen3", 262144),
-    "Qwen/Qwen3-30B-A3B-Instruct-2507": ("qwen3", 262144),
-    "Qwen/Qwen3-30B-A3B": ("qwen3", 40960),
-    "Qwen/Qwen3-30B-A3B-Base": ("qwen3", 32768),
+    "Qwen/Qwen3-VL-235B-A22B-Instruct": ("qwen3_vl_moe", 262144),
+    "Qwen/Qwen3-VL-30B-A3B-Instruct": ("qwen3_vl_moe", 262144),
+    "Qwen/Qwen3-235B-A22B-Instruct-2507": ("qwen3_moe", 262144),
+    "Qwen/Qwen3-30B-A3B-Instruct-2507": ("qwen3_moe", 262144),
+    "Qwen/Qwen3-30B-A3B": ("qwen3_moe", 40960),
+    "Qwen/Qwen3-30B-A3B-Base": ("qwen3_moe", 32768),
     "Qwen/Qwen3-32B": ("qwen3", 40960),
     "Qwen/Qwen3-8B": ("qwen3", 40960),
     "Qwen/Qwen3-8B-Base": ("qwen3", 32768),
@@ -200,6 +205,29 @@ _HUB_CATALOG: dict[str, tuple[str, int]] = {
 
 def _is_vision_language(model_type: str) -> bool:
     return _FAMILIES.get(model_type) == "qwen3_vl"
+
+
+def supported_model_types() -> tuple[str, ...]:
+    """The HF ``model_type`` values the engine runs end to end (trained with peft and sampled).
+
+    Training goes through transformers and handles more; the sampler's decoder is the narrower side, so its list
+    is the single source of truth.
+    """
+    from tinker_cookbook.engine.sampler_model import SUPPORTED_MODEL_TYPES  # imported only when asked
+
+    return SUPPORTED_MODEL_TYPES
+
+
+def _check_supported(name: str, model_type: str) -> None:
+    """Refuse an architecture the engine cannot run, before anything is downloaded or loaded."""
+    supported = supported_model_types()
+    if model_type not in supported:
+        kind = "a mixture-of-experts model" if model_type.endswith("_moe") else "an architecture"
+        raise UnprocessableEntityError(
+            f"base_model={name!r} is {kind} (model_type={model_type!r}) that this engine cannot sample from; "
+            f"supported model types: {', '.join(supported)}. Choose a dense Llama-3, Qwen2/Qwen3 or Qwen3-VL "
+            "model (ServiceClient().get_server_capabilities() lists the ones loadable here)"
+        )
 
 
 def _env_flag(name: str) -> bool:
@@ -278,11 +306,15 @@ def _cached_config(name: str) -> dict[str, Any] | None:
 
 
 def _spec_from_config(name: str, config: dict[str, Any], source: str, description: str) -> ModelSpec | None:
-    """The spec of a causal or vision-language LM described by a ``config.json`` dict; None otherwise."""
+    """The spec of a causal or vision-language LM described by a ``config.json`` dict; None otherwise.
+
+    Raises ``UnprocessableEntityError`` for a language model of an architecture the engine cannot run.
+    """
     architectures = config.get("architectures") or []
     if not any(str(a).endswith(_LM_HEAD_SUFFIXES) for a in architectures):
         return None
     model_type = str(config.get("model_type", "unknown"))
+    _check_supported(name, model_type)
     text_config = config.get("text_config") or config
     context = text_config.get("max_position_embeddings") or config.get("max_position_embeddings")
     return ModelSpec(
@@ -311,17 +343,24 @@ def _scan_hf_cache() -> list[ModelSpec]:
     specs = []
     for entry in sorted(root.glob("models--*")):
         name = entry.name.removeprefix("models--").replace("--", "/")
-        spec = _cached_spec(name)
+        try:
+            spec = _cached_spec(name)
+        except UnprocessableEntityError:  # cached, but of an architecture the engine cannot run
+            continue
         if spec is not None:
             specs.append(spec)
     return specs
 
 
+def _catalog_supported(name: str) -> bool:
+    return _HUB_CATALOG[name][0] in supported_model_types()
+
+
 def _catalog_spec(name: str) -> ModelSpec:
-    arch, context = _HUB_CATALOG[name]
+    model_type, context = _HUB_CATALOG[name]
     return ModelSpec(
         name=name,
-        arch=arch,
+        arch=_FAMILIES.get(model_type, model_type),
         tokenizer_name=name,
         max_context_length=context,
         source="hf",
@@ -427,7 +466,8 @@ def known_models() -> list[ModelSpec]:
     for spec in _scan_hf_cache():
         specs.setdefault(spec.name, spec)
     for name in _HUB_CATALOG:
-        specs.setdefault(name, _catalog_spec(name))
+        if _catalog_supported(name):
+            specs.setdefault(name, _catalog_spec(name))
     return list(specs.values())
 
 
@@ -461,6 +501,8 @@ def get_model_spec(name: str) -> ModelSpec:
             )
         return _smollm2_spec(source)
     spec = _cached_spec(name)
+    if spec is None and name in _HUB_CATALOG:
+        _check_supported(name, _HUB_CATALOG[name][0])  # before asking the hub for anything
     if spec is None and hub_usable():
         spec = _hub_spec(name)
     if spec is not None:

@@ -36,12 +36,14 @@ Semantics (the Tinker docs are the spec):
 
 from __future__ import annotations
 
+import atexit
 import collections
 import concurrent.futures
 import os
 import random
 import secrets
 import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Self
@@ -73,6 +75,8 @@ _DTYPES = {
 _PREFILL_TOKEN_BUDGET = 4096
 # Prompt positions scored per unembedding matmul when prompt logprobs are asked for (bounds [rows, vocab] memory).
 _SCORE_CHUNK = 256
+# How long the exit hook waits for a worker to finish its current step (a prefill is bounded by the token budget).
+EXIT_JOIN_TIMEOUT_S = 10.0
 
 
 def default_sampling_dtype() -> torch.dtype:
@@ -224,7 +228,9 @@ class SamplerEngine:
         self._closed = False
         self._stats = SamplerStats()
         self._batches: dict[int, _Batch] = {}
+        # A daemon thread, so an idle engine never keeps the process alive; the exit hook stops it in time.
         self._thread = threading.Thread(target=self._run, name="tinker-sampler", daemon=True)
+        _stop_at_exit(self)
         self._thread.start()
 
     # ---------------------------------------------------------------------------------------------------------
@@ -264,13 +270,17 @@ class SamplerEngine:
     def stats(self) -> SamplerStats:
         return replace(self._stats)
 
-    def close(self) -> None:
-        """Stop the worker; requests still pending fail with ``RequestFailedError``."""
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the worker after its current step; requests still pending fail with ``RequestFailedError``.
+
+        Waits at most ``timeout`` seconds (None: as long as it takes) for the worker to finish. Idempotent.
+        """
         with self._cond:
             self._closed = True
             self._cond.notify()
+        _running_engines.discard(self)
         if threading.current_thread() is not self._thread:
-            self._thread.join()
+            self._thread.join(timeout)
 
     def __enter__(self) -> Self:
         return self
@@ -310,7 +320,10 @@ class SamplerEngine:
                     if batch.idle:
                         batch.pool.release()
                         del self._batches[key]
-        self._fail_everything(RequestFailedError("the sampler engine was closed before the request finished"))
+        self._fail_everything(RequestFailedError(
+            "the sampler was shut down (SamplerEngine.close(), LocalBackend.close() or process exit) before this "
+            "request finished; wait for sampling results before closing or exiting"
+        ))
 
     @staticmethod
     def _requests_of(batch: _Batch) -> list[_Request]:
@@ -513,6 +526,33 @@ class SamplerEngine:
         self._batches.clear()
         for request in pending:
             self._fail(request, error)
+
+
+_running_engines: weakref.WeakSet[SamplerEngine] = weakref.WeakSet()
+_exit_hook_lock = threading.Lock()
+_exit_hook_registered = False
+
+
+def _stop_at_exit(engine: SamplerEngine) -> None:
+    """Have ``engine`` closed by an exit hook (registered once per process)."""
+    global _exit_hook_registered
+    with _exit_hook_lock:
+        if not _exit_hook_registered:
+            atexit.register(_close_running_engines)
+            _exit_hook_registered = True
+        _running_engines.add(engine)
+
+
+def _close_running_engines() -> None:
+    """Stop every sampler worker while the interpreter is still whole.
+
+    atexit hooks run after non-daemon threads have been joined and before finalization. A daemon worker left
+    running inside a torch op is killed by CPython (pthread_exit) when it next takes the GIL during finalization;
+    the forced unwinding through torch's C++ frames then aborts the process with "terminate called without an
+    active exception". Requests still pending fail with ``RequestFailedError``.
+    """
+    for engine in list(_running_engines):
+        engine.close(timeout=EXIT_JOIN_TIMEOUT_S)
 
 
 def _settle(

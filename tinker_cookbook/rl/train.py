@@ -195,7 +195,7 @@ class RunContext:
                 row = await checkpoint_utils.save_checkpoint_async(
                     self.training_client, f"{i + 1:06d}", self.cfg.log_path, {"batch": i + 1}, "both",
                     self.cfg.ttl_seconds)
-                return self.service_client.create_sampling_client(model_path=row["sampler_path"])
+                return await self.service_client.create_sampling_client_async(model_path=row["sampler_path"])
             return await self.training_client.save_weights_and_get_sampling_client_async()
 
     def log_transcript(self, i: int, groups_P: list[TrajectoryGroup], builders_P: list[EnvGroupBuilder]) -> None:

@@ -1,7 +1,12 @@
-"""ServiceClient: the entry point that creates training, sampling and rest clients."""
+"""ServiceClient: the entry point that creates training, sampling and rest clients.
+
+Every ``_async`` form runs its sync twin in a thread (model loading, adapter merging and checkpoint reads are
+blocking work), so the event loop keeps running while a client is being created.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -41,7 +46,7 @@ class ServiceClient:
         return self._backend.capabilities()
 
     async def get_server_capabilities_async(self) -> types.GetServerCapabilitiesResponse:
-        return self.get_server_capabilities()
+        return await asyncio.to_thread(self.get_server_capabilities)
 
     def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None,
                                     train_mlp: bool = True, train_attn: bool = True, train_unembed: bool = True,
@@ -59,8 +64,10 @@ class ServiceClient:
                                                 train_mlp: bool = True, train_attn: bool = True,
                                                 train_unembed: bool = True,
                                                 user_metadata: dict[str, str] | None = None) -> TrainingClient:
-        return self.create_lora_training_client(base_model, rank, seed, train_mlp, train_attn, train_unembed,
-                                                user_metadata)
+        # If the caller is cancelled meanwhile, the thread still builds the client, and collecting it frees the
+        # session: nothing leaks.
+        return await asyncio.to_thread(self.create_lora_training_client, base_model, rank, seed, train_mlp,
+                                       train_attn, train_unembed, user_metadata)
 
     def _from_state(self, path: str, with_optimizer: bool, user_metadata: dict[str, str] | None) -> TrainingClient:
         run_id, base_model, lora = self._backend.create_session_from_state(
@@ -76,7 +83,7 @@ class ServiceClient:
     async def create_training_client_from_state_async(self, path: str, base_model: str | None = None,
                                                       user_metadata: dict[str, str] | None = None,
                                                       weights_access_token: str | None = None) -> TrainingClient:
-        return self._from_state(path, False, user_metadata)
+        return await asyncio.to_thread(self._from_state, path, False, user_metadata)
 
     def create_training_client_from_state_with_optimizer(self, path: str, base_model: str | None = None,
                                                          user_metadata: dict[str, str] | None = None,
@@ -88,7 +95,7 @@ class ServiceClient:
         self, path: str, base_model: str | None = None, user_metadata: dict[str, str] | None = None,
         weights_access_token: str | None = None,
     ) -> TrainingClient:
-        return self._from_state(path, True, user_metadata)
+        return await asyncio.to_thread(self._from_state, path, True, user_metadata)
 
     def create_sampling_client(self, model_path: str | None = None, base_model: str | None = None,
                                retry_config: Any = None) -> SamplingClient:
@@ -101,7 +108,7 @@ class ServiceClient:
 
     async def create_sampling_client_async(self, model_path: str | None = None, base_model: str | None = None,
                                            retry_config: Any = None) -> SamplingClient:
-        return self.create_sampling_client(model_path, base_model)
+        return await asyncio.to_thread(self.create_sampling_client, model_path, base_model)
 
     def create_rest_client(self) -> RestClient:
         return RestClient(self._backend.store)

@@ -2,14 +2,22 @@
 
 Every method has a sync form returning an ``APIFuture`` and an ``_async`` form. The async forms are two-stage:
 ``fut = await tc.forward_backward_async(...)`` returns once the request is submitted (ordered after earlier ones),
-``await fut`` gives the result. Requests of one client run in submission order.
+``await fut`` gives the result. Requests of one client run in submission order. No ``_async`` form blocks the
+event loop: waiting and file work happen in a thread or on the engine's future.
+
+A client holds its adapter, gradients and Adam state in the engine until ``close()`` (or ``with`` block exit)
+or until it is garbage collected; a snapshot ``SamplingClient`` keeps working after its training client is gone.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+import asyncio
+import weakref
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Callable, Self
 
 from tinker_cookbook.tinker import types
+from tinker_cookbook.tinker.errors import BadRequestError
 from tinker_cookbook.tinker.futures import APIFuture
 
 if TYPE_CHECKING:
@@ -35,9 +43,46 @@ class TrainingClient:
         self._base_model = base_model
         self._lora = lora_config
         self._ephemeral_count = 0
+        self._closed = False
+        # Release the session when this client is collected, but never at interpreter exit: torch must not run
+        # on a dying interpreter, and the engine's exit hook takes care of it then.
+        self._release = weakref.finalize(self, backend.release_collected, model_id)
+        self._release.atexit = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BadRequestError(
+                f"TrainingClient(model_id={self.model_id!r}) is closed: its adapter and optimizer state were "
+                "released. Create a new training client (from a save_state checkpoint to continue training)"
+            )
 
     def _submit(self, fn: Callable[[TrainingSession], Any]) -> APIFuture[Any]:
+        self._check_open()
         return APIFuture(self._backend.submit_session(self.model_id, fn))
+
+    # -- lifetime ---------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the adapter's weights, gradients and Adam state once the requests already submitted have run.
+
+        Waits for that; idempotent. Save a checkpoint first to keep the weights. Afterwards every method raises
+        ``BadRequestError``; sampling clients made from this client keep working.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._release.detach()
+        self._backend.close_session(self.model_id).result()
+
+    async def close_async(self) -> None:
+        await asyncio.to_thread(self.close)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
 
     # -- training ---------------------------------------------------------------------------------------
 
@@ -142,16 +187,19 @@ class TrainingClient:
     def create_sampling_client(self, model_path: str, retry_config: Any = None) -> SamplingClient:
         from tinker_cookbook.tinker.sampling_client import SamplingClient
 
+        self._check_open()
         return SamplingClient(self._backend, self._backend.handle_for_path(model_path))
 
     async def create_sampling_client_async(self, model_path: str, retry_config: Any = None) -> SamplingClient:
-        return self.create_sampling_client(model_path)
+        # Reads the checkpoint and merges the adapter: in a thread, so the event loop keeps running.
+        return await asyncio.to_thread(self.create_sampling_client, model_path)
 
     # -- info -------------------------------------------------------------------------------------------
 
     def get_info(self) -> types.GetInfoResponse:
         from tinker_cookbook.engine import models
 
+        self._check_open()
         spec = models.get_model_spec(self._base_model)
         return types.GetInfoResponse(
             type="get_info", model_id=self.model_id, is_lora=True, lora_rank=self._lora.rank,
@@ -160,7 +208,8 @@ class TrainingClient:
         )
 
     async def get_info_async(self) -> types.GetInfoResponse:
-        return self.get_info()
+        # The model registry may read the Hugging Face cache (or ask the hub once): in a thread.
+        return await asyncio.to_thread(self.get_info)
 
     def get_tokenizer(self) -> Any:
         from tinker_cookbook.base.tokenizers import get_tokenizer  # cached per name
@@ -168,4 +217,6 @@ class TrainingClient:
         return get_tokenizer(self.get_info().model_data.tokenizer_id or self._base_model)
 
     def __repr__(self) -> str:
-        return f"TrainingClient(model_id={self.model_id!r}, base_model={self._base_model!r}, rank={self._lora.rank})"
+        closed = ", closed" if self._closed else ""
+        return (f"TrainingClient(model_id={self.model_id!r}, base_model={self._base_model!r}, "
+                f"rank={self._lora.rank}{closed})")
