@@ -1,0 +1,128 @@
+"""The import layering rule, checked on the source (see ``tinker_cookbook/base/__init__.py``).
+
+- base (``tinker_cookbook.base``, ``.exceptions``, ``.perf_env``, the package ``__init__``): itself only;
+- contract (``tinker_cookbook.tinker``): base and itself; the engine only through the one bridge module that
+  builds the local backend (``tinker/_local.py``), never at import time of the API;
+- engine (``tinker_cookbook.engine``): base, the contract's ``types`` and ``errors``, and itself;
+- cookbook (everything else in ``tinker_cookbook`` and ``recipes``): base, the public API and itself; never the engine.
+
+Every import statement counts, including those inside functions and ``TYPE_CHECKING`` blocks, so that a lazy import
+cannot hide a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BASE_MODULES = {"tinker_cookbook", "tinker_cookbook.exceptions", "tinker_cookbook.perf_env"}
+CONTRACT_TO_ENGINE_BRIDGE = "tinker_cookbook.tinker._local"
+ENGINE_MAY_USE_FROM_CONTRACT = {"tinker_cookbook.tinker.types", "tinker_cookbook.tinker.errors"}
+
+
+def layer_of(module: str) -> str | None:
+    if module in BASE_MODULES or module.startswith(("tinker_cookbook.base.", "tinker_cookbook.exceptions.",
+                                                      "tinker_cookbook.perf_env.")) or module == "tinker_cookbook.base":
+        return "base"
+    if module == "tinker_cookbook.tinker" or module.startswith("tinker_cookbook.tinker."):
+        return "contract"
+    if module == "tinker_cookbook.engine" or module.startswith("tinker_cookbook.engine."):
+        return "engine"
+    if module.startswith(("tinker_cookbook.", "recipes")) or module == "recipes":
+        return "cookbook"
+    return None  # stdlib or third party
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(path: Path, module: str) -> list[tuple[int, str]]:
+    """(line, absolute module name) for every import in the file; ``from pkg import name`` yields ``pkg.name``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            # "from tinker_cookbook import tinker" imports the sub-package tinker_cookbook.tinker
+            found.extend((node.lineno, f"{base}.{alias.name}") for alias in node.names)
+            found.append((node.lineno, base))
+    return found
+
+
+def violation(importer: str, imported: str) -> str | None:
+    src, dst = layer_of(importer), layer_of(imported)
+    if dst is None or src is None:
+        return None
+    if src == "base" and dst != "base":
+        return "the base layer imports only itself"
+    if src == "contract" and dst in ("engine", "cookbook"):
+        if dst == "engine" and importer == CONTRACT_TO_ENGINE_BRIDGE:
+            return None
+        return f"the API contract may reach the engine only through {CONTRACT_TO_ENGINE_BRIDGE}"
+    if src == "engine" and dst == "cookbook":
+        return "the engine must not import cookbook modules"
+    if src == "engine" and dst == "contract" and not any(
+        imported == m or imported.startswith(m + ".") for m in ENGINE_MAY_USE_FROM_CONTRACT
+    ) and imported != "tinker_cookbook.tinker":
+        return "the engine may use only the contract's types and errors"
+    if src == "cookbook" and dst == "engine":
+        return "the cookbook uses only the public API (tinker_cookbook.tinker), never the engine"
+    return None
+
+
+def source_files() -> list[Path]:
+    return sorted([*REPO.glob("tinker_cookbook/**/*.py"), *REPO.glob("recipes/**/*.py")])
+
+
+def find_violations() -> list[str]:
+    problems = []
+    for path in source_files():
+        importer = module_name(path)
+        for line, imported in imported_modules(path, importer):
+            why = violation(importer, imported)
+            if why:
+                problems.append(f"{path.relative_to(REPO)}:{line} imports {imported}: {why}")
+    return sorted(set(problems))
+
+
+def test_source_files_are_found():
+    names = {module_name(p) for p in source_files()}
+    assert {"tinker_cookbook.engine.training", "tinker_cookbook.tinker.types", "recipes.sl_basic"} <= names
+
+
+def test_imports_follow_the_layering_rule():
+    problems = find_violations()
+    assert not problems, "layering violations:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported", "allowed"),
+    [
+        ("tinker_cookbook.supervised.train", "tinker_cookbook.engine.models", False),
+        ("tinker_cookbook.supervised.train", "tinker_cookbook.tinker.types", True),
+        ("recipes.sl_basic", "tinker_cookbook.engine", False),
+        ("tinker_cookbook.engine.models", "tinker_cookbook.tokenizer_utils", False),
+        ("tinker_cookbook.engine.models", "tinker_cookbook.base.assets", True),
+        ("tinker_cookbook.engine.backend", "tinker_cookbook.tinker.errors.BadRequestError", True),
+        ("tinker_cookbook.engine.backend", "tinker_cookbook.tinker.training_client", False),
+        ("tinker_cookbook.tinker.rest_client", "tinker_cookbook.engine.checkpoint_store", False),
+        ("tinker_cookbook.tinker._local", "tinker_cookbook.engine.backend", True),
+        ("tinker_cookbook.base.tokenizers", "tinker_cookbook.tinker.types", False),
+        ("tinker_cookbook.tinker.types", "tinker_cookbook.renderers", False),
+    ],
+)
+def test_the_rule_itself(importer, imported, allowed):
+    assert (violation(importer, imported) is None) == allowed
