@@ -13,6 +13,8 @@ cannot hide a dependency.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -126,3 +128,13 @@ def test_imports_follow_the_layering_rule():
 )
 def test_the_rule_itself(importer, imported, allowed):
     assert (violation(importer, imported) is None) == allowed
+
+
+def test_importing_the_api_loads_no_engine():
+    """``from tinker_cookbook import tinker`` stays light: the engine loads when the first client is created."""
+    code = (
+        "import sys; from tinker_cookbook import tinker; from tinker_cookbook import cli, renderers; "
+        "loaded = sorted(m for m in sys.modules if m.startswith('tinker_cookbook.engine')); print(loaded)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert result.stdout.strip() == "[]"

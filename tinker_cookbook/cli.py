@@ -16,6 +16,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
+import urllib.request
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,8 +26,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from tinker_cookbook.engine.checkpoint_store import CheckpointStore, parse_tinker_path
-from tinker_cookbook.tinker import errors, types
+from tinker_cookbook.tinker import RestClient, errors, types
 
 # ---------------------------------------------------------------------------------------------------------
 # Output
@@ -116,25 +116,46 @@ def _checkpoints_table(checkpoints: list[types.Checkpoint], title: str) -> Table
 # ---------------------------------------------------------------------------------------------------------
 
 
-def checkpoint_list(store: CheckpointStore, args: argparse.Namespace, out: Printer) -> None:
+def _parse(tinker_path: str) -> types.ParsedCheckpointTinkerPath:
+    try:
+        return types.ParsedCheckpointTinkerPath.from_tinker_path(tinker_path)
+    except ValueError as exc:
+        raise errors.BadRequestError(str(exc)) from None
+
+
+def find_checkpoint(rc: RestClient, tinker_path: str) -> types.Checkpoint:
+    """The checkpoint at ``tinker_path``; NotFoundError naming the run's checkpoints when there is none."""
+    parsed = _parse(tinker_path)
+    listed = rc.list_checkpoints(parsed.training_run_id).result().checkpoints
+    for checkpoint in listed:
+        if checkpoint.checkpoint_id == parsed.checkpoint_id:
+            return checkpoint
+    known = ", ".join(c.checkpoint_id for c in listed) or "none"
+    raise errors.NotFoundError(
+        f"no checkpoint {tinker_path!r}; run {parsed.training_run_id!r} has: {known} "
+        "(list them with `tinker-cookbook checkpoint list --run-id RUN`)"
+    )
+
+
+def checkpoint_list(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
     if args.run_id is not None:
-        everything = store.list_checkpoints(args.run_id).checkpoints
+        everything = rc.list_checkpoints(args.run_id).result().checkpoints
         shown = everything if args.limit == 0 else everything[: args.limit]
         cursor = types.Cursor(offset=0, limit=len(shown), total_count=len(everything))
         response = types.CheckpointsListResponse(checkpoints=shown, cursor=cursor)
         title = f"Checkpoints of {args.run_id}"
     else:
-        response = store.list_user_checkpoints(limit=args.limit)
+        response = rc.list_user_checkpoints(limit=args.limit).result()
         title = "Checkpoints"
     total = response.cursor.total_count if response.cursor else len(response.checkpoints)
     title += f" ({len(response.checkpoints)} of {total})"
     out.emit(response, lambda: _checkpoints_table(response.checkpoints, title))
 
 
-def checkpoint_info(store: CheckpointStore, args: argparse.Namespace, out: Printer) -> None:
-    checkpoint = store.get_checkpoint(args.path)
-    weights = store.weights_info(args.path)
-    run_id = parse_tinker_path(args.path)[0]
+def checkpoint_info(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
+    checkpoint = find_checkpoint(rc, args.path)
+    weights = rc.get_weights_info_by_tinker_path(args.path).result()
+    run_id = _parse(args.path).training_run_id
     data = {
         **checkpoint.model_dump(mode="json"),
         "training_run_id": run_id,
@@ -155,22 +176,24 @@ def checkpoint_info(store: CheckpointStore, args: argparse.Namespace, out: Print
     out.emit(data, lambda: _properties_table(f"Checkpoint: {checkpoint.checkpoint_id}", rows))
 
 
-def checkpoint_download(store: CheckpointStore, args: argparse.Namespace, out: Printer) -> None:
-    run_id, kind, name = parse_tinker_path(args.path)
+def checkpoint_download(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
+    parsed = _parse(args.path)
+    kind, name = parsed.checkpoint_id.split("/", 1)
     output_dir = Path(args.output).expanduser()
-    target = output_dir / f"{run_id}_{kind}_{name}"
+    target = output_dir / f"{parsed.training_run_id}_{kind}_{name}"
     if target.exists() and not args.force:
         raise errors.ConflictError(f"{str(target)!r} already exists; pass --force to replace it")
-    tar_path = store.archive(args.path)
+    url = rc.get_checkpoint_archive_url_from_tinker_path(args.path).result().url
     output_dir.mkdir(parents=True, exist_ok=True)
-    # Extract beside the target and rename, so an interrupted download never looks complete.
+    # Fetch and extract beside the target and rename, so an interrupted download never looks complete.
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=output_dir))
     try:
+        tar_path, _ = urllib.request.urlretrieve(url, staging / "archive.tar")
         with tarfile.open(tar_path) as tar:
-            tar.extractall(staging, filter="data")
+            tar.extractall(staging / "files", filter="data")
         if target.exists():
             shutil.rmtree(target)
-        staging.rename(target)
+        (staging / "files").rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     files = sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file())
@@ -179,9 +202,9 @@ def checkpoint_download(store: CheckpointStore, args: argparse.Namespace, out: P
     )
 
 
-def checkpoint_delete(store: CheckpointStore, args: argparse.Namespace, out: Printer) -> None:
+def checkpoint_delete(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
     # Check every path first so that a typo in the last one does not leave the first ones deleted.
-    checkpoints = [store.get_checkpoint(path) for path in args.paths]
+    checkpoints = [find_checkpoint(rc, path) for path in args.paths]
     if not args.yes:
         listing = "\n".join(f"  {c.tinker_path}" for c in checkpoints)
         print(f"About to delete {len(checkpoints)} checkpoint(s):\n{listing}", file=sys.stderr)
@@ -194,25 +217,29 @@ def checkpoint_delete(store: CheckpointStore, args: argparse.Namespace, out: Pri
                 "deletion not confirmed; nothing deleted (pass -y to skip the question)"
             )
     for c in checkpoints:
-        store.delete_checkpoint(c.tinker_path)
+        rc.delete_checkpoint_from_tinker_path(c.tinker_path).result()
     deleted = [c.tinker_path for c in checkpoints]
     out.emit({"deleted": deleted}, "\n".join(f"Deleted {p}" for p in deleted))
 
 
-def _set_public(public: bool) -> Callable[[CheckpointStore, argparse.Namespace, Printer], None]:
-    def command(store: CheckpointStore, args: argparse.Namespace, out: Printer) -> None:
-        store.set_public(args.path, public)
+def _set_public(public: bool) -> Callable[[RestClient, argparse.Namespace, Printer], None]:
+    def command(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
+        find_checkpoint(rc, args.path)
+        if public:
+            rc.publish_checkpoint_from_tinker_path(args.path).result()
+        else:
+            rc.unpublish_checkpoint_from_tinker_path(args.path).result()
         verb = "Published" if public else "Unpublished"
         out.emit({"tinker_path": args.path, "public": public}, f"{verb} {args.path}")
 
     return command
 
 
-def checkpoint_set_ttl(store: CheckpointStore, args: argparse.Namespace, out: Printer) -> None:
+def checkpoint_set_ttl(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
     if (args.ttl is None) == (not args.remove):
         raise errors.BadRequestError("set-ttl needs exactly one of --ttl SECONDS or --remove")
-    store.set_ttl(args.path, None if args.remove else args.ttl)
-    expires = store.get_checkpoint(args.path).expires_at
+    rc.set_checkpoint_ttl_from_tinker_path(args.path, None if args.remove else args.ttl).result()
+    expires = find_checkpoint(rc, args.path).expires_at
     message = f"{args.path} expires {format_relative(expires, never='never')}"
     out.emit({"tinker_path": args.path, "expires_at": expires.isoformat() if expires else None}, message)
 
@@ -222,8 +249,8 @@ def checkpoint_set_ttl(store: CheckpointStore, args: argparse.Namespace, out: Pr
 # ---------------------------------------------------------------------------------------------------------
 
 
-def run_list(store: CheckpointStore, args: argparse.Namespace, out: Printer) -> None:
-    response = store.list_runs(limit=args.limit)
+def run_list(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
+    response = rc.list_training_runs(limit=args.limit).result()
 
     def table() -> Table:
         total = response.cursor.total_count if response.cursor else len(response.training_runs)
@@ -241,8 +268,8 @@ def run_list(store: CheckpointStore, args: argparse.Namespace, out: Printer) -> 
     out.emit(response, table)
 
 
-def run_info(store: CheckpointStore, args: argparse.Namespace, out: Printer) -> None:
-    run = store.get_run(args.run_id)
+def run_info(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
+    run = rc.get_training_run(args.run_id).result()
     last, last_sampler = run.last_checkpoint, run.last_sampler_checkpoint
     rows = [
         ("Training Run ID", run.training_run_id),
@@ -323,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (errors print one line to stderr and return 1)."""
     args = build_parser().parse_args(argv)
     try:
-        args.handler(CheckpointStore(), args, Printer(args.format))
+        args.handler(RestClient(), args, Printer(args.format))  # the local store; no engine needed
     except (errors.TinkerError, OSError, tarfile.TarError) as e:
         print(f"Error: {e}", file=sys.stderr)
         return 1

@@ -16,17 +16,19 @@ from __future__ import annotations
 import atexit
 import collections
 import concurrent.futures
+import functools
 import sys
 import threading
 import warnings
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
 from tinker_cookbook.engine import models
-from tinker_cookbook.engine.checkpoint_store import CheckpointStore
+from tinker_cookbook.engine.checkpoint_store import CheckpointKind, CheckpointStore
 from tinker_cookbook.engine.training import BaseModel, TrainingSession, read_sampler_adapter
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import (
@@ -124,6 +126,11 @@ class LocalBackend:
             ]
         )
 
+    def model_data(self, base_model: str) -> types.ModelData:
+        """Architecture and tokenizer of a base model (a registry lookup; loads no weights)."""
+        spec = models.get_model_spec(base_model)
+        return types.ModelData(arch=spec.arch, model_name=base_model, tokenizer_id=spec.tokenizer_name)
+
     def create_session(self, base_model: str, lora: types.LoraConfig, user_metadata: dict[str, str] | None) -> str:
         _check_model_name(base_model)
         if lora.rank < 1:
@@ -192,7 +199,7 @@ class LocalBackend:
             except IndexError:
                 return
             try:
-                self._enqueue(lambda run_id=run_id: self._drop_session(run_id))
+                self._enqueue(functools.partial(self._drop_session, run_id))
             except RequestFailedError:  # closed meanwhile: the sessions went with the engine
                 return
 
@@ -217,9 +224,12 @@ class LocalBackend:
     # -- checkpoints ------------------------------------------------------------------------------------
 
     def save(self, session: TrainingSession, kind: str, name: str, ttl_seconds: int | None, overwrite: bool = False) -> str:
+        if kind not in ("weights", "sampler_weights"):
+            raise InternalServerError(f"save: unknown checkpoint kind {kind!r} (an engine bug)")
+        checkpoint_kind: CheckpointKind = "weights" if kind == "weights" else "sampler_weights"
         writer = session.write_state if kind == "weights" else session.write_adapter
         checkpoint = self.store.write_checkpoint(
-            session.run_id, kind, name, writer, session.metadata(), ttl_seconds=ttl_seconds, overwrite=overwrite
+            session.run_id, checkpoint_kind, name, writer, session.metadata(), ttl_seconds=ttl_seconds, overwrite=overwrite
         )
         return checkpoint.tinker_path
 
@@ -246,8 +256,8 @@ class LocalBackend:
 
     def _handle(self, base: BaseModel, adapter_state: dict[str, torch.Tensor] | None,
                 adapter_config: dict[str, Any] | None, model_path: str | None) -> SamplerHandle:
-        from tinker_cookbook.engine.sampler import SamplingWeights, default_sampling_dtype
         from tinker_cookbook.base.tokenizers import get_tokenizer
+        from tinker_cookbook.engine.sampler import SamplingWeights, default_sampling_dtype
 
         weights = SamplingWeights.build(base.config, base.base_state, adapter_state, adapter_config,
                                         default_sampling_dtype())

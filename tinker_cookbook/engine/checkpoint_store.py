@@ -93,21 +93,10 @@ def parse_tinker_path(tinker_path: Any) -> tuple[str, CheckpointKind, str]:
     Raises BadRequestError for anything else: other schemes, local file paths, extra or missing segments,
     unsafe names.
     """
-    if not isinstance(tinker_path, str):
-        raise errors.BadRequestError(
-            f"checkpoint path must be a string like 'tinker://<run_id>/weights/<name>', got {tinker_path!r}"
-        )
-    if not tinker_path.startswith("tinker://"):
-        scheme = tinker_path.split("://", 1)[0] + "://" if "://" in tinker_path else "no scheme"
-        raise errors.BadRequestError(
-            f"checkpoint path {tinker_path!r} is not a tinker:// path ({scheme}); this store only serves "
-            "tinker://<run_id>/weights/<name> and tinker://<run_id>/sampler_weights/<name> "
-            "(list them with `tinker-cookbook checkpoint list`)"
-        )
     try:
         parsed = types.ParsedCheckpointTinkerPath.from_tinker_path(tinker_path)
-    except ValueError as e:
-        raise errors.BadRequestError(f"malformed checkpoint path: {e}") from None
+    except ValueError as e:  # the contract's parser names the path, what is wrong and the expected form
+        raise errors.BadRequestError(str(e)) from None
     kind_dir, name = parsed.checkpoint_id.split("/", 1)
     try:
         _validate_name("run_id", parsed.training_run_id)
@@ -227,7 +216,7 @@ class CheckpointStore:
 
         def backup_target(entry: store_staging.StagingEntry) -> Path | None:
             """Where a backup goes back to; None keeps it (it may be the only copy): a person should look."""
-            kind, name = (entry.target + ("", ""))[:2]
+            kind, name = (*entry.target, "", "")[:2]
             try:
                 path = run_dir / _normalize_kind(kind) / _validate_name("name", name)
                 return self._checked(path, "restoring a killed overwrite")

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Any, Callable, Generator, Generic, TypeVar
+from collections.abc import Callable, Generator
+from typing import Any, Generic, TypeVar
 
 from tinker_cookbook.tinker.errors import APITimeoutError
 
@@ -47,7 +48,7 @@ class APIFuture(Generic[T]):
         wrapped = asyncio.wrap_future(self._future)
         try:
             return await asyncio.wait_for(asyncio.shield(wrapped), timeout)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise APITimeoutError(f"the request did not finish within timeout={timeout} seconds") from exc
 
     def done(self) -> bool:

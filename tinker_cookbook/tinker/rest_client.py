@@ -17,9 +17,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
-# A module import (not `from ... import name`) keeps this safe against import cycles with the package init.
-from tinker_cookbook.engine import checkpoint_store
 from tinker_cookbook.tinker import errors, types
+from tinker_cookbook.tinker._backend import CheckpointStoreAPI
 from tinker_cookbook.tinker.futures import APIFuture
 
 T = TypeVar("T")
@@ -44,8 +43,8 @@ def _checkpoint_path(training_run_id: str, checkpoint_id: str) -> str:
     """``tinker://<run>/<checkpoint_id>`` where checkpoint_id is ``weights/<name>`` or ``sampler_weights/<name>``."""
     path = f"tinker://{training_run_id}/{checkpoint_id}"
     try:
-        checkpoint_store.parse_tinker_path(path)
-    except errors.BadRequestError:
+        types.ParsedCheckpointTinkerPath.from_tinker_path(path)
+    except ValueError:
         raise errors.BadRequestError(
             f"training_run_id={training_run_id!r}, checkpoint_id={checkpoint_id!r} do not name a checkpoint; "
             "checkpoint_id is 'weights/<name>' or 'sampler_weights/<name>' as listed by list_checkpoints"
@@ -53,11 +52,22 @@ def _checkpoint_path(training_run_id: str, checkpoint_id: str) -> str:
     return path
 
 
+def _parse_tinker_path(tinker_path: Any) -> types.ParsedCheckpointTinkerPath:
+    try:
+        return types.ParsedCheckpointTinkerPath.from_tinker_path(tinker_path)
+    except ValueError as exc:
+        raise errors.BadRequestError(f"tinker_path: {exc}") from None
+
+
 class RestClient:
     """Query and manage training runs and checkpoints."""
 
-    def __init__(self, store: checkpoint_store.CheckpointStore | None = None):
-        self.store = store if store is not None else checkpoint_store.CheckpointStore()
+    def __init__(self, store: CheckpointStoreAPI | None = None):
+        if store is None:
+            from tinker_cookbook.tinker._local import local_store
+
+            store = local_store()
+        self.store = store
 
     # -- plain implementations (shared by the sync and async forms) ----------------------------------------
 
@@ -69,8 +79,7 @@ class RestClient:
         self, tinker_path: str, access_scope: str = "owned"
     ) -> types.TrainingRun:
         _check_scope(access_scope)
-        run_id, _, _ = checkpoint_store.parse_tinker_path(tinker_path)
-        return self.store.get_run(run_id)
+        return self.store.get_run(_parse_tinker_path(tinker_path).training_run_id)
 
     def _list_training_runs(
         self, limit: int = 20, offset: int = 0, access_scope: str = "owned", project_id: str | None = None

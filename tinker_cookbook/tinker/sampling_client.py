@@ -9,11 +9,11 @@ from tinker_cookbook.tinker.errors import BadRequestError
 from tinker_cookbook.tinker.futures import APIFuture
 
 if TYPE_CHECKING:
-    from tinker_cookbook.engine.backend import LocalBackend, SamplerHandle
+    from tinker_cookbook.tinker._backend import Backend
 
 
 class SamplingClient:
-    def __init__(self, backend: LocalBackend, handle: SamplerHandle) -> None:
+    def __init__(self, backend: Backend, handle: Any) -> None:
         self._backend = backend
         self._handle = handle
 

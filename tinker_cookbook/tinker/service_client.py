@@ -19,7 +19,7 @@ from tinker_cookbook.tinker.sampling_client import SamplingClient
 from tinker_cookbook.tinker.training_client import TrainingClient
 
 if TYPE_CHECKING:
-    from tinker_cookbook.engine.backend import LocalBackend
+    from tinker_cookbook.tinker._backend import Backend
 
 
 class ServiceClient:
@@ -36,9 +36,9 @@ class ServiceClient:
                 f"base_url={base_url!r}: remote Tinker servers are not supported by this build; "
                 "omit base_url to use the local engine"
             )
-        from tinker_cookbook.engine.backend import LocalBackend
+        from tinker_cookbook.tinker._local import local_backend
 
-        self._backend: LocalBackend = LocalBackend.default()
+        self._backend: Backend = local_backend()
         self.user_metadata = user_metadata
 
     def get_server_capabilities(self) -> types.GetServerCapabilitiesResponse:
@@ -114,4 +114,4 @@ class ServiceClient:
         return RestClient(self._backend.store)
 
 
-__all__ = ["ServiceClient", "APIFuture"]
+__all__ = ["APIFuture", "ServiceClient"]

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Callable, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError
@@ -23,8 +24,7 @@ from tinker_cookbook.tinker.futures import APIFuture
 if TYPE_CHECKING:
     import torch
 
-    from tinker_cookbook.engine.backend import LocalBackend
-    from tinker_cookbook.engine.training import TrainingSession
+    from tinker_cookbook.tinker._backend import Backend
     from tinker_cookbook.tinker.sampling_client import SamplingClient
 
 CustomLossFn = Callable[[list[types.Datum], list["torch.Tensor"]], tuple["torch.Tensor", dict[str, float]]]
@@ -37,7 +37,7 @@ def _copy_data(data: Any) -> Any:
 
 
 class TrainingClient:
-    def __init__(self, backend: LocalBackend, model_id: str, base_model: str, lora_config: types.LoraConfig) -> None:
+    def __init__(self, backend: Backend, model_id: str, base_model: str, lora_config: types.LoraConfig) -> None:
         self._backend = backend
         self.model_id = model_id
         self._base_model = base_model
@@ -56,7 +56,7 @@ class TrainingClient:
                 "released. Create a new training client (from a save_state checkpoint to continue training)"
             )
 
-    def _submit(self, fn: Callable[[TrainingSession], Any]) -> APIFuture[Any]:
+    def _submit(self, fn: Callable[[Any], Any]) -> APIFuture[Any]:
         self._check_open()
         return APIFuture(self._backend.submit_session(self.model_id, fn))
 
@@ -176,7 +176,7 @@ class TrainingClient:
     def _snapshot_future(self, name: str | None) -> APIFuture[SamplingClient]:
         from tinker_cookbook.tinker.sampling_client import SamplingClient
 
-        def snapshot(session: TrainingSession) -> SamplingClient:
+        def snapshot(session: Any) -> SamplingClient:
             path = None
             if name is not None:
                         path = self._backend.save(session, "sampler_weights", name, None, overwrite=True)
@@ -197,14 +197,10 @@ class TrainingClient:
     # -- info -------------------------------------------------------------------------------------------
 
     def get_info(self) -> types.GetInfoResponse:
-        from tinker_cookbook.engine import models
-
         self._check_open()
-        spec = models.get_model_spec(self._base_model)
         return types.GetInfoResponse(
             type="get_info", model_id=self.model_id, is_lora=True, lora_rank=self._lora.rank,
-            model_name=self._base_model,
-            model_data=types.ModelData(arch=spec.arch, model_name=self._base_model, tokenizer_id=spec.tokenizer_name),
+            model_name=self._base_model, model_data=self._backend.model_data(self._base_model),
         )
 
     async def get_info_async(self) -> types.GetInfoResponse:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Any, Literal, Sequence, TypeAlias, Union
+from typing import Annotated, Any, Literal, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -107,7 +108,7 @@ class ImageAssetPointerChunk(StrictBase):
 
 
 ModelInputChunk: TypeAlias = Annotated[
-    Union[EncodedTextChunk, ImageChunk, ImageAssetPointerChunk], Field(discriminator="type")
+    EncodedTextChunk | ImageChunk | ImageAssetPointerChunk, Field(discriminator="type")
 ]
 
 
@@ -168,7 +169,7 @@ class TensorData(StrictBase):
         return cls(data=array.flatten().tolist(), dtype=_numpy_dtype_name(array.dtype), shape=list(array.shape))
 
     @classmethod
-    def from_torch(cls, tensor: "torch.Tensor") -> TensorData:
+    def from_torch(cls, tensor: torch.Tensor) -> TensorData:
         dtype: TensorDtype = "float32" if tensor.dtype.is_floating_point else "int64"
         return cls(data=tensor.detach().cpu().flatten().tolist(), dtype=dtype, shape=list(tensor.shape))
 
@@ -176,7 +177,7 @@ class TensorData(StrictBase):
         array = np.asarray(self.data, dtype=np.float32 if self.dtype == "float32" else np.int64)
         return array.reshape(self.shape) if self.shape is not None else array
 
-    def to_torch(self) -> "torch.Tensor":
+    def to_torch(self) -> torch.Tensor:
         return torch.from_numpy(self.to_numpy())
 
     def tolist(self) -> list[Any]:
@@ -382,13 +383,17 @@ class ParsedCheckpointTinkerPath(LooseBase):
     """``weights/<name>`` or ``sampler_weights/<name>``."""
 
     @classmethod
-    def from_tinker_path(cls, tinker_path: str) -> ParsedCheckpointTinkerPath:
+    def from_tinker_path(cls, tinker_path: Any) -> ParsedCheckpointTinkerPath:
+        expected = ("expected tinker://<run_id>/weights/<name> or tinker://<run_id>/sampler_weights/<name> "
+                    "(names use letters, digits, '_', '-', '.'; list them with `tinker-cookbook checkpoint list`)")
+        if not isinstance(tinker_path, str):
+            raise ValueError(f"checkpoint path must be a string, got {tinker_path!r}; {expected}")
+        if not tinker_path.startswith("tinker://"):
+            scheme = tinker_path.split("://", 1)[0] + "://" if "://" in tinker_path else "no scheme"
+            raise ValueError(f"checkpoint path {tinker_path!r} is not a tinker:// path ({scheme}); {expected}")
         match = _TINKER_PATH.fullmatch(tinker_path)
-        if match is None or match["name"] in (".", "..") or match["run"] in (".", ".."):
-            raise ValueError(
-                f"not a checkpoint path: {tinker_path!r}; expected tinker://<run_id>/weights/<name> "
-                "or tinker://<run_id>/sampler_weights/<name> (names use letters, digits, '_', '-', '.')"
-            )
+        if match is None or match["name"].startswith(".") or match["run"].startswith("."):
+            raise ValueError(f"malformed checkpoint path {tinker_path!r}; {expected}")
         kind = match["kind"]
         return cls(
             tinker_path=tinker_path,
