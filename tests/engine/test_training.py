@@ -570,8 +570,10 @@ def test_damaged_checkpoint_loads_nothing(service, file, how, message):
         tc.load_state_with_optimizer(path).result()
     assert "/tmp" not in str(info.value) and str(tc._backend.store.root) not in str(info.value)
     _assert_same_state(before, _state(tc))
-    sessions = len(tc._backend._sessions)
+    sessions = set(tc._backend._sessions)
     with pytest.raises(BadRequestError, match=f"^{path}/{message}"):
         service.create_training_client_from_state_with_optimizer(path)
     tc._backend.submit(lambda: None).result()  # the engine thread is FIFO: the close submitted on failure has run
-    assert len(tc._backend._sessions) == sessions  # the half-made client was closed
+    # The half-made client was closed: no session is left that was not there before. (Sessions of clients that
+    # earlier tests dropped may be released by garbage collection meanwhile, so the count can only shrink.)
+    assert set(tc._backend._sessions) <= sessions

@@ -170,7 +170,8 @@ def _build_tiny(make_config: Callable[[], PretrainedConfig], dtype: torch.dtype)
     with _tiny_lock, torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(TINY_SEED)
         model = _instantiate(make_config())
-    return model.to(dtype)
+    torch.nn.Module.to(model, dtype)  # in place (transformers' typed ``to`` wrapper confuses type checkers)
+    return model
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ class AdamW:
         """One update from the parameters' ``.grad``; raises ``NonFiniteStep`` (changing nothing) on NaN/inf."""
         pending = {k: p.grad for k, p in self.params.items() if p.grad is not None}
         names, grads = list(pending), [g for g in pending.values() if g is not None]
-        bad = [k for k, g in zip(names, grads) if not bool(torch.isfinite(g).all())]
+        bad = [k for k, g in zip(names, grads, strict=True) if not bool(torch.isfinite(g).all())]
         if bad:
             raise NonFiniteStep(f"the accumulated gradients hold NaN or inf in {len(bad)} of {len(names)} tensors "
                                 f"(e.g. {bad[0]})")
@@ -56,7 +56,7 @@ class AdamW:
         step_size = hp.learning_rate / bias1
         update_sq = 0.0
         staged: list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        for name, grad in zip(names, grads):
+        for name, grad in zip(names, grads, strict=True):
             param = self.params[name]
             if clip_coef != 1.0:
                 grad = grad * clip_coef

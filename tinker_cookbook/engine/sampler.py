@@ -372,7 +372,7 @@ class SamplerEngine:
         stats.prompts_prefilled += len(distinct)
         stats.prefill_tokens += sum(len(p) for p in distinct)
         stats.max_prompts_per_prefill = max(stats.max_prompts_per_prefill, len(distinct))
-        outputs = {prompt: (kv, hidden) for prompt, kv, hidden in zip(distinct, result.kv, result.hidden)}
+        outputs = {prompt: (kv, hidden) for prompt, kv, hidden in zip(distinct, result.kv, result.hidden, strict=True)}
         for request in requests:
             try:
                 # Requests sharing a prompt share its K/V tensor: it is only ever read (copied into slots).
@@ -407,7 +407,7 @@ class SamplerEngine:
             chunk = sequences[start : start + self.max_batch_sequences]
             uniforms = [s.next_uniform() for s in chunk]
             tokens, logprobs = select_tokens(last.expand(len(chunk), -1), [s.params for s in chunk], uniforms)
-            for sequence, token, logprob in zip(chunk, tokens, logprobs):
+            for sequence, token, logprob in zip(chunk, tokens, logprobs, strict=True):
                 if not self._advance(sequence, token, logprob):
                     batch.ready.append(sequence)
                     request.unplaced += 1
@@ -463,7 +463,7 @@ class SamplerEngine:
         self._stats.max_batch_sequences_seen = max(self._stats.max_batch_sequences_seen, len(active))
         leaving = [
             slot
-            for slot, (sequence, token, logprob) in enumerate(zip(active, tokens, logprobs))
+            for slot, (sequence, token, logprob) in enumerate(zip(active, tokens, logprobs, strict=True))
             if sequence.request.done or self._advance(sequence, token, logprob)
         ]
         self._compact(batch, leaving)
@@ -587,5 +587,5 @@ def _score_prompt(
         scored += logprobs.gather(1, chunk_targets)[:, 0].tolist()
         if ranked is not None:
             values, indices = logprobs.topk(topk, dim=-1)
-            ranked += [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
+            ranked += [list(zip(i, v, strict=True)) for i, v in zip(indices.tolist(), values.tolist(), strict=True)]
     return scored, ranked

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from tinker_cookbook.engine.sampler_model import DecoderSpec, top_columns
+from tinker_cookbook.tinker import types
 
 # Top-p first looks for the nucleus among this many most likely tokens and sorts the full vocabulary only for rows
 # whose nucleus is wider (rare: flat distributions with top_p close to 1).
@@ -241,7 +242,7 @@ def stop_window(stop_strings: tuple[str, ...]) -> int:
     return 4 * max((len(s) for s in stop_strings), default=0) + 2
 
 
-def finish_reason(sequence: Sequence, tokenizer: Any) -> str | None:
+def finish_reason(sequence: Sequence, tokenizer: Any) -> types.StopReason | None:
     """``"stop"``/``"length"`` when ``sequence`` must end after its latest token, else None.
 
     Stop strings are searched in the decoded text of the latest generated tokens (never the prompt), so a stop

@@ -290,7 +290,7 @@ class TrainingSession:
         for group in _length_groups([len(item.input_ids) for item in batch]):
             group_losses = [token_losses[i] for i in group] if token_losses is not None else None
             group_logps, group_totals = self._run_group(model, [batch[i] for i in group], group_losses)
-            for i, logp, total in zip(group, group_logps, group_totals):
+            for i, logp, total in zip(group, group_logps, group_totals, strict=True):
                 logps[i], totals[i] = logp, total
         return logps, totals
 
@@ -312,7 +312,7 @@ class TrainingSession:
             self.pending_backward += 1
         else:
             logps, _ = self._run_batch(model, batch, None)
-            totals = [float(spec.fn(lp, item.inputs, config)) for lp, item in zip(logps, batch)]
+            totals = [float(spec.fn(lp, item.inputs, config)) for lp, item in zip(logps, batch, strict=True)]
         return types.ForwardBackwardOutput(
             loss_fn_output_type=loss_fn,
             loss_fn_outputs=[{"logprobs": types.TensorData.from_torch(lp.float())} for lp in logps],
@@ -538,7 +538,7 @@ def _run_custom_loss(loss_fn: CustomLossFn, data: list[types.Datum], logps: list
         except RuntimeError as exc:
             raise BadRequestError(f"the gradient of the custom loss could not be computed ({exc}); build the loss "
                                   "from the given logprob tensors without in-place changes to them") from exc
-    weights = [(c if c is not None else torch.zeros_like(lp)).detach() for c, lp in zip(coeffs, logps)]
+    weights = [(c if c is not None else torch.zeros_like(lp)).detach() for c, lp in zip(coeffs, logps, strict=True)]
     bad = [i for i, w in enumerate(weights) if not bool(torch.isfinite(w).all())]
     if bad:
         raise UnprocessableEntityError(f"forward_backward_custom refused: the gradient of the custom loss with respect "

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from tinker_cookbook import tinker
 from tinker_cookbook.completers import TinkerTokenCompleter
+from tinker_cookbook.eval.evaluators import SamplingClientEvaluator
 from tinker_cookbook.rl.rollouts import do_batch_rollouts
 from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, TrajectoryGroup
 from tinker_cookbook.utils.misc_utils import dict_mean
@@ -77,7 +78,7 @@ def compute_trajectory_metrics(
     return metrics
 
 
-class RLTestSetEvaluator:
+class RLTestSetEvaluator(SamplingClientEvaluator):
     """Rolls out every batch of a test ``RLDataset`` with a sampling client; metrics are ``<name>/env/all/...``.
 
     A ``SamplingClientEvaluator``: ``await evaluator(sampling_client) -> dict[str, float]``.

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -185,6 +185,8 @@ class TensorData(StrictBase):
 
 
 LossFnInputs: TypeAlias = dict[str, TensorData]
+TensorDataLike: TypeAlias = "TensorData | Sequence[int] | Sequence[float] | npt.NDArray[Any] | torch.Tensor"
+"""What ``Datum`` accepts for each loss input (lists, numpy arrays and torch tensors are converted)."""
 LossFnOutput: TypeAlias = dict[str, TensorData]
 
 # dtype of each well-known loss input, used when a plain list is given.
@@ -224,6 +226,11 @@ class Datum(StrictBase):
     """Per-token inputs of the loss (``target_tokens``, ``weights``, ``logprobs``, ``advantages``, ...)."""
 
     model_input: ModelInput
+
+    if TYPE_CHECKING:
+        # What the constructor accepts (the validator below converts every value to TensorData), so that
+        # type checkers do not flag the docs' ``loss_fn_inputs={"target_tokens": [1, 2], ...}``.
+        def __init__(self, *, loss_fn_inputs: Mapping[str, TensorDataLike], model_input: ModelInput) -> None: ...
 
     @model_validator(mode="before")
     @classmethod
