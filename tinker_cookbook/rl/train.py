@@ -11,8 +11,11 @@ Three modes share one ``Config`` and ``main``:
 
 Per run ``log_path`` holds ``config.json``, ``metrics.jsonl`` (step = iteration), ``checkpoints.jsonl``, ``logs.log``
 and ``iteration_NNNNNN/train.html`` (a few rollouts per iteration). A checkpoint row ``{"batch": i+1, ...}`` is
-written after the train step of iteration ``i`` when ``(i + 1) % save_every == 0``, and ``final`` at the end, so a
-rerun resumes exactly where the last row says (or does nothing once ``final`` is written).
+written after the train step of iteration ``i`` when ``(i + 1) % save_every == 0`` (once row ``i`` of
+``metrics.jsonl`` is logged), and ``final`` at the end. Resuming works as in the supervised loop
+(``checkpoint_utils.resume_point``): a log dir of another model or dataset is refused, a rerun continues from the
+last row's ``batch`` after dropping the ``metrics.jsonl`` rows the interrupted attempt logged past it, and a run
+that already reached its last iteration does nothing.
 
 ``recipes/rl_loop.py`` is the flat, pedagogical twin of this loop on the raw API.
 """
@@ -31,10 +34,10 @@ from typing import Any, Literal
 import chz
 
 from tinker_cookbook import checkpoint_utils, tinker
-from tinker_cookbook.cli_utils import LogdirBehavior, check_log_dir
+from tinker_cookbook.cli_utils import LogdirBehavior
 from tinker_cookbook.completers import TinkerTokenCompleter
 from tinker_cookbook.eval.evaluators import SamplingClientEvaluator, SamplingClientEvaluatorBuilder
-from tinker_cookbook.exceptions import AllTrajectoriesFailedError, ConfigurationError
+from tinker_cookbook.exceptions import AllTrajectoriesFailedError, CheckpointError, ConfigurationError
 from tinker_cookbook.rl.metric_util import RLTestSetEvaluator, compute_trajectory_metrics
 from tinker_cookbook.rl.rollouts import BatchRollout, do_batch_rollouts, do_group_rollout
 from tinker_cookbook.rl.train_step import (
@@ -188,41 +191,59 @@ class RunContext:
         metrics["time/eval"] = time.perf_counter() - start
         return metrics
 
-    async def next_sampler(self, i: int, metrics: dict[str, float]) -> tinker.SamplingClient:
-        """The sampler for iteration ``i + 1``: the periodic checkpoint's weights, or an in-memory snapshot."""
+    async def next_sampler(self, i: int, metrics: dict[str, float]
+                           ) -> tuple[tinker.SamplingClient, checkpoint_utils.PendingCheckpoint | None]:
+        """The sampler for iteration ``i + 1`` (the periodic checkpoint's weights, or an in-memory snapshot), and
+        the checkpoint to record with ``log_row`` once row ``i`` is logged."""
         with timed("save", metrics):
             if self.cfg.save_every > 0 and (i + 1) % self.cfg.save_every == 0 and i + 1 < self.end_batch:
-                row = await checkpoint_utils.save_checkpoint_async(
+                pending = checkpoint_utils.start_checkpoint(
                     self.training_client, f"{i + 1:06d}", self.cfg.log_path, {"batch": i + 1}, "both",
                     self.cfg.ttl_seconds)
-                return self.service_client.create_sampling_client(model_path=row["sampler_path"])
-            return await self.training_client.save_weights_and_get_sampling_client_async()
+                sampler_path = (await pending.futures["sampler_path"].result_async()).path
+                return self.service_client.create_sampling_client(model_path=sampler_path), pending
+            return await self.training_client.save_weights_and_get_sampling_client_async(), None
+
+    async def log_row(self, i: int, metrics: dict[str, float],
+                      checkpoint: checkpoint_utils.PendingCheckpoint | None) -> None:
+        """Log row ``i``, then record the checkpoint taken after iteration ``i``: in this order a run killed in
+        between resumes from the checkpoint before and logs row ``i`` again, instead of never logging it."""
+        self.ml_logger.log_metrics(metrics, step=i)
+        if checkpoint is not None:
+            await checkpoint.finish_async()
 
     def log_transcript(self, i: int, groups_P: list[TrajectoryGroup], builders_P: list[EnvGroupBuilder]) -> None:
         write_transcript(iteration_dir(self.cfg.log_path, i) / "train.html", f"Iteration {i}", groups_P, builders_P,
                          self.tokenizer, self.cfg.num_groups_to_log)
 
 
-async def _create_training_client(cfg: Config, service_client: tinker.ServiceClient
-                                  ) -> tuple[tinker.TrainingClient, int, dict[str, Any] | None]:
-    """The training client (resumed, from ``load_checkpoint_path``, or fresh), its start batch and last row."""
-    last = checkpoint_utils.get_last_checkpoint(cfg.log_path)
+def _start_batch(row: dict[str, Any] | None) -> int:
+    """The first iteration to run: the number of iterations the resumed checkpoint was saved after."""
+    if row is None:
+        return 0
+    try:
+        return int(row["batch"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint row {row} has no valid 'batch' to resume from") from exc
+
+
+async def _create_training_client(cfg: Config, service_client: tinker.ServiceClient,
+                                  resume_row: dict[str, Any] | None) -> tinker.TrainingClient:
+    """The training client: resumed from ``resume_row``, from ``load_checkpoint_path``, or fresh."""
     metadata = checkpoint_utils.renderer_user_metadata(cfg.renderer_name)
-    if last is not None:
-        checkpoint_utils.check_renderer_name_for_checkpoint(service_client, last["state_path"], cfg.renderer_name)
-        logger.info("resuming from %s (batch %d)", last["state_path"], last["batch"])
-        client = await service_client.create_training_client_from_state_with_optimizer_async(
-            last["state_path"], user_metadata=metadata)
-        return client, int(last["batch"]), last
+    if resume_row is not None:
+        checkpoint_utils.check_renderer_name_for_checkpoint(service_client, resume_row["state_path"],
+                                                            cfg.renderer_name)
+        logger.info("resuming from %s (batch %d)", resume_row["state_path"], resume_row["batch"])
+        return await service_client.create_training_client_from_state_with_optimizer_async(
+            resume_row["state_path"], user_metadata=metadata)
     if cfg.load_checkpoint_path is not None:
         checkpoint_utils.check_renderer_name_for_checkpoint(service_client, cfg.load_checkpoint_path,
                                                             cfg.renderer_name)
-        client = await service_client.create_training_client_from_state_async(cfg.load_checkpoint_path,
-                                                                             user_metadata=metadata)
-        return client, 0, None
-    client = await service_client.create_lora_training_client_async(cfg.model_name, rank=cfg.lora_rank,
-                                                                    seed=cfg.seed, user_metadata=metadata)
-    return client, 0, None
+        return await service_client.create_training_client_from_state_async(cfg.load_checkpoint_path,
+                                                                            user_metadata=metadata)
+    return await service_client.create_lora_training_client_async(cfg.model_name, rank=cfg.lora_rank,
+                                                                   seed=cfg.seed, user_metadata=metadata)
 
 
 def _reference_client(cfg: Config, service_client: tinker.ServiceClient) -> tinker.SamplingClient | None:
@@ -236,20 +257,18 @@ def _reference_client(cfg: Config, service_client: tinker.ServiceClient) -> tink
 
 async def _build_context(cfg: Config) -> RunContext | None:
     """Set up logging, clients, data and evaluators; None when the run in ``log_path`` already finished."""
-    check_log_dir(cfg.log_path, cfg.behavior_if_log_dir_exists)
-    ml_logger = ml_log.setup_logging(cfg.log_path, cfg.wandb_project, cfg.wandb_name, config=cfg)
-    service_client = tinker.ServiceClient(base_url=cfg.base_url)
-    training_client, start_batch, last = await _create_training_client(cfg, service_client)
+    resume = checkpoint_utils.resume_point(cfg.log_path, cfg.behavior_if_log_dir_exists, cfg)
     dataset, test_dataset = await cfg.dataset_builder()
+    start_batch = _start_batch(resume.row)
     end_batch = len(dataset) if cfg.max_steps is None else min(len(dataset), cfg.max_steps)
     if end_batch == 0:
         raise ConfigurationError(f"the dataset has no batches (len={len(dataset)}, max_steps={cfg.max_steps}); "
                                  "make it at least batch_size problems long or raise max_steps")
-    if last is not None and last.get("final") and start_batch >= end_batch:
-        logger.info("the run in %s already finished (final checkpoint at batch %d); nothing to do",
-                    cfg.log_path, start_batch)
-        ml_logger.close()
+    if not resume.begin(start_batch, end_batch):
         return None
+    ml_logger = ml_log.setup_logging(cfg.log_path, cfg.wandb_project, cfg.wandb_name, config=cfg)
+    service_client = tinker.ServiceClient(base_url=cfg.base_url)
+    training_client = await _create_training_client(cfg, service_client, resume.row)
     evaluators = [builder() for builder in cfg.evaluator_builders]
     if test_dataset is not None:
         evaluators.append(RLTestSetEvaluator(test_dataset, cfg.max_tokens, temperature=cfg.temperature))
@@ -372,9 +391,9 @@ async def _run_iteration(ctx: RunContext, i: int, sampling_client: tinker.Sampli
     metrics.update(compute_trajectory_metrics(rollout.groups_P, [b.logging_tags() for b in rollout.builders_P]))
     metrics.update(train_metrics)
     ctx.log_transcript(i, rollout.groups_P, rollout.builders_P)
-    next_client = await ctx.next_sampler(i, metrics)
+    next_client, checkpoint = await ctx.next_sampler(i, metrics)
     metrics["time/total"] = time.perf_counter() - start
-    ctx.ml_logger.log_metrics(metrics, step=i)
+    await ctx.log_row(i, metrics, checkpoint)
     return next_client
 
 

@@ -24,9 +24,10 @@ Steps, epochs and checkpoints (see ``checkpoint_utils`` for the file format):
   ``s - 1``'s ``optim_step``, before step ``s`` is queued. Its row is written once the save has completed.
   The run ends with a checkpoint named ``final`` (``"final": true``) or, when stopped by ``max_steps``, one
   named after its step.
-- Resuming (``behavior_if_log_dir_exists=resume``, or answering "resume") loads the last row with a
-  ``state_path`` with its optimizer state, drops ``metrics.jsonl`` rows from that step on (they are recomputed),
-  and continues from that row's (epoch, batch). A finished run is left alone.
+- Resuming (``behavior_if_log_dir_exists=resume``, or answering "resume"; ``checkpoint_utils.resume_point``, shared
+  with the RL loop) loads the last row with a ``state_path`` with its optimizer state, drops ``metrics.jsonl`` rows
+  from that step on (they are recomputed), and continues from that row's (epoch, batch). A finished run is left
+  alone; a log dir that holds a run of another model or dataset is refused.
 """
 
 from __future__ import annotations
@@ -51,9 +52,6 @@ from tinker_cookbook.utils.lr_scheduling import LR_SCHEDULES, LRSchedule, comput
 from tinker_cookbook.utils.misc_utils import timed
 
 logger = logging.getLogger(__name__)
-
-# A run in log_path can only be resumed by a config that agrees on these (they define what is being trained).
-RESUME_IDENTITY_KEYS = ("model_name", "dataset_builder", "lora_rank", "renderer_name", "load_checkpoint_path")
 
 
 @chz.chz
@@ -175,18 +173,6 @@ def make_plan(config: Config, n_batches: int, resume_row: dict[str, Any] | None)
 # ---------------------------------------------------------------------------------------------------------
 # Setup helpers
 # ---------------------------------------------------------------------------------------------------------
-
-
-def _resume_row(config: Config) -> dict[str, Any] | None:
-    """The checkpoint row to resume from (None: start fresh), after applying the log-dir policy."""
-    decision = cli_utils.check_log_dir(config.log_path, config.behavior_if_log_dir_exists)
-    if decision == "fresh":
-        return None
-    checkpoint_utils.check_config_compatible(config.log_path, ml_log.dump_config(config), RESUME_IDENTITY_KEYS)
-    row = checkpoint_utils.get_last_checkpoint(config.log_path, required_key="state_path")
-    if row is None:
-        logger.info("%s has no complete checkpoint yet: starting from step 0", config.log_path)
-    return row
 
 
 def _create_training_client(
@@ -410,19 +396,12 @@ async def _finish_run(
 
 async def main(config: Config) -> None:
     """Train per ``config``; see the module docstring for steps, checkpoints and resuming."""
-    resume_row = _resume_row(config)
+    resume = checkpoint_utils.resume_point(config.log_path, config.behavior_if_log_dir_exists, config)
+    resume_row = resume.row
     train_dataset, test_dataset = config.dataset_builder()
     plan = make_plan(config, len(train_dataset), resume_row)
-    if plan.start_step >= plan.end_step:
-        logger.info(
-            "%s: the run already reached step %d (checkpoint %r); nothing to do. Raise max_steps or num_epochs to "
-            "train further, or pass behavior_if_log_dir_exists=delete to start over",
-            config.log_path, plan.start_step, resume_row.get("name") if resume_row else None,
-        )
-        print(f"Nothing to do: the run in {config.log_path} already reached step {plan.start_step}.")
+    if not resume.begin(plan.start_step, plan.end_step):
         return
-    # Rows from the resumed step on belong to the interrupted attempt; this run recomputes them.
-    ml_log.truncate_metrics(config.log_path, keep_below_step=plan.start_step)
     ml_logger = ml_log.setup_logging(config.log_path, config.wandb_project, config.wandb_name, config=config)
     try:
         service_client = tinker.ServiceClient(base_url=config.base_url)
