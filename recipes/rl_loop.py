@@ -34,21 +34,36 @@ FEWSHOT = [{"role": "user", "content": "What is 4 + 5?"}, {"role": "assistant", 
 
 @chz.chz
 class Config:
+    """The flat RL loop's settings."""
+
     model_name: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    """The base model the LoRA adapter is trained on."""
     renderer_name: str | None = None
     """None: the model's recommended renderer."""
     log_path: str = chz.field(default_factory=lambda: str(Path(tempfile.gettempdir()) / "tinker-examples" / "rl-loop"))
+    """Where the run writes metrics.jsonl, checkpoints.jsonl and config.json."""
     batch_size: int = 8
+    """Questions per step."""
     group_size: int = 8
+    """Answers sampled per question; rewards are centred within each question's group."""
     max_operand: int = 9
+    """Operands of the additions are drawn from 0..max_operand."""
     learning_rate: float = 3e-4
+    """Adam learning rate (constant)."""
     max_tokens: int = 8
+    """The most tokens sampled per answer."""
     lora_rank: int = 32
+    """Rank of the LoRA adapter."""
     n_steps: int = 12
+    """Training steps of the whole run."""
     max_steps: int | None = None
+    """Stop after this many steps (None: n_steps); rerun with more to go on."""
     save_every: int = 20
+    """Steps between checkpoints (0: only at the end)."""
     seed: int = 0
+    """LoRA initialisation and sampling seed."""
     behavior_if_log_dir_exists: LogdirBehavior = "ask"
+    """When log_path holds a run: resume it, delete it, raise, or ask (raise when stdin is not a terminal)."""
 
 
 def make_questions(step: int, config: Config) -> list[tuple[str, int]]:

@@ -36,23 +36,38 @@ logger = logging.getLogger(__name__)
 
 @chz.chz
 class Config:
+    """The flat supervised loop's settings."""
+
     model_name: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    """The base model the LoRA adapter is trained on."""
     data_path: str = chz.field(default_factory=lambda: str(example_conversations_path()))
+    """A JSONL file with one ``{"messages": [...]}`` conversation per line (default: the project's example data)."""
     test_size: int = 48
+    """Conversations held out to measure ``test/nll``."""
     log_path: str = chz.field(default_factory=lambda: str(Path(tempfile.gettempdir()) / "tinker-examples" / "sl_loop"))
+    """Where the run writes metrics.jsonl, checkpoints.jsonl and config.json."""
     renderer_name: str | None = None
+    """None: the model's recommended renderer."""
     batch_size: int = 16
+    """Conversations per step."""
     learning_rate: float | None = None
     """None: ``hyperparam_utils.get_lr(model_name)``."""
     max_length: int = 256
+    """Conversations are cut to this many tokens."""
     lora_rank: int = 32
+    """Rank of the LoRA adapter."""
     num_epochs: int = 1
+    """Passes over the training conversations."""
     max_steps: int | None = None
+    """Stop after this many steps (None: all epochs); rerun with more to go on."""
     eval_every: int = 6
+    """Steps between test evaluations (0: never)."""
     save_every: int = 8
+    """Steps between checkpoints (0: only at the end)."""
     seed: int = 0
     """Seed of the LoRA initialisation: reruns (and resumed runs) give the same numbers."""
     behavior_if_log_dir_exists: cli_utils.LogdirBehavior = "ask"
+    """When log_path holds a run: resume it, delete it, raise, or ask (raise when stdin is not a terminal)."""
 
 
 def load_conversations(path: str) -> list[list[renderers.Message]]:

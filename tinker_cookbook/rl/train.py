@@ -65,7 +65,9 @@ class AsyncConfig:
     """Off-policy training: ``max_steps_off_policy`` = the oldest sampler (in steps) whose groups may be trained on."""
 
     max_steps_off_policy: int
+    """Train on groups sampled at most this many steps before the step that trains on them."""
     groups_per_batch: int
+    """Groups per training step."""
 
 
 @chz.chz
@@ -73,7 +75,9 @@ class StreamMinibatchConfig:
     """Train each minibatch as soon as its groups are sampled; ``groups_per_batch`` must equal the batch size."""
 
     groups_per_batch: int
+    """Groups per batch: the dataset's batch size."""
     num_minibatches: int
+    """Minibatches per optimizer step, each sent to ``forward_backward`` as soon as its groups are done."""
 
 
 @chz.chz
@@ -81,51 +85,80 @@ class KLReferenceConfig:
     """The reference policy of the KL penalty: a base model, or a ``sampler_weights/`` checkpoint of one."""
 
     base_model: str
+    """The reference model."""
     load_checkpoint_path: str | None = None
+    """A ``sampler_weights/`` checkpoint of ``base_model`` to use instead of the base weights."""
 
 
 @chz.chz
 class Config:
+    """RL training of a LoRA adapter: sample groups, centre rewards within each group, take a policy-gradient step."""
+
     learning_rate: float
+    """Learning rate of AdamW (constant)."""
     dataset_builder: RLDatasetBuilder
+    """Builds the train (and optional test) dataset of environment groups."""
     model_name: str
+    """The base model the LoRA adapter is trained on."""
     max_tokens: int
+    """The most tokens sampled per reply."""
     log_path: str = chz.field(munger=lambda _, s: str(Path(s).expanduser()))
+    """Where the run writes metrics.jsonl, checkpoints.jsonl, config.json and the transcripts."""
     renderer_name: str | None = None
     """Recorded in the run's metadata; resuming from a checkpoint trained with another renderer is refused."""
 
     lora_rank: int = 32
+    """Rank of the LoRA adapter."""
     seed: int = 0
     """LoRA initialisation and sampling seeds: reruns (and resumed runs) of single-turn envs sample the same tokens."""
 
     temperature: float = 1.0
+    """Sampling temperature of the rollouts."""
     loss_fn: LossFnName = "importance_sampling"
+    """The policy-gradient loss."""
     loss_fn_config: dict[str, float] | None = None
+    """The loss's settings, e.g. ``{"clip_low_threshold": 0.8}`` for ppo/cispo, ``{"beta": 0.05}`` for dro."""
     num_substeps: int = 1
+    """Optimizer steps per batch, each on a slice of its groups."""
     remove_constant_reward_groups: bool = False
+    """Leave out groups whose samples all got the same reward (they carry no signal)."""
     rollout_error_tolerance: bool = False
     """False: an env error stops the run with that error. True: the failing group is logged and skipped."""
 
     kl_penalty_coef: float = 0.0
+    """Weight of the KL penalty against the reference policy, added to the advantages (0: none)."""
     kl_discount_factor: float = 0.0
+    """Discount with which each token's KL penalty also counts for the tokens before it (0: only its own)."""
     kl_reference_config: KLReferenceConfig | None = None
     """None: the KL penalty is against ``model_name`` itself (the untrained base)."""
 
     eval_every: int = 20
+    """Iterations between evaluations (0: never)."""
     save_every: int = 20
+    """Iterations between checkpoints (0: only at the end); a rerun resumes from the last one."""
     evaluator_builders: list[SamplingClientEvaluatorBuilder] = chz.field(default_factory=list)
+    """Evaluators run every ``eval_every`` iterations (the test set is always one when there is a test set)."""
     load_checkpoint_path: str | None = None
     """Start from these weights (a ``weights/`` path); ignored when the log dir has a checkpoint to resume."""
 
     async_config: AsyncConfig | None = None
+    """Off-policy mode: sampling never waits for training (``rl/train_async.py``)."""
     stream_minibatch_config: StreamMinibatchConfig | None = None
+    """Streaming mode: train minibatches as soon as their groups are sampled."""
     num_groups_to_log: int = 4
+    """Groups per iteration written to ``iteration_NNNNNN/train.html``."""
     max_steps: int | None = None
+    """Stop after this many iterations (None: the whole dataset); rerun with more to go on."""
     ttl_seconds: int | None = 604800
+    """Expiry of periodic checkpoints (None: kept); the final checkpoint never expires."""
     behavior_if_log_dir_exists: LogdirBehavior = "ask"
+    """When log_path holds a run: resume it, delete it, raise, or ask (raise when stdin is not a terminal)."""
     wandb_project: str | None = None
+    """Also log to this Weights & Biases project (None: no wandb)."""
     wandb_name: str | None = None
+    """The wandb run name."""
     base_url: str | None = None
+    """The service to train on (None: the local engine)."""
 
     @chz.validate
     def _check(self) -> None:

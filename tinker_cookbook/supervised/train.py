@@ -59,41 +59,66 @@ class Config:
     """Supervised fine-tuning of a LoRA adapter."""
 
     log_path: str
+    """Where the run writes metrics.jsonl, checkpoints.jsonl, config.json and logs.log."""
     model_name: str
+    """The base model the LoRA adapter is trained on."""
     dataset_builder: SupervisedDatasetBuilder
+    """Builds the train (and optional test) dataset."""
     recipe_name: str | None = None
+    """Recorded in config.json: which recipe started the run."""
     load_checkpoint_path: str | None = None
     """Start from these weights (a ``tinker://.../weights/...`` path) with a fresh optimizer."""
     renderer_name: str | None = None
     """Recorded in the run's metadata so that later tools render prompts the same way."""
 
     learning_rate: float = 1e-4
+    """Peak learning rate of AdamW (``hyperparam_utils.get_lr`` suggests one per model)."""
     lr_schedule: LRSchedule = "linear"
+    """How the learning rate decays over the planned run."""
     lr_warmup_steps: int = 0
+    """Steps of linear warm-up before the schedule."""
     num_epochs: int = 1
+    """Passes over the training data."""
     max_steps: int | None = None
+    """Stop after this many steps without changing the schedule (None: the whole run); rerun with more to go on."""
     lora_rank: int = 32
+    """Rank of the LoRA adapter."""
     seed: int = 0
     """Seed of the LoRA initialisation."""
     adam_beta1: float = 0.9
+    """AdamW beta1."""
     adam_beta2: float = 0.95
+    """AdamW beta2."""
     adam_eps: float = 1e-8
+    """AdamW epsilon."""
     weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
     grad_clip_norm: float = 0.0
+    """Clip the gradient to this global norm (0: no clipping)."""
 
     evaluator_builders: list[EvaluatorBuilder] = chz.field(default_factory=list)
+    """Evaluators run every ``eval_every`` steps (the test set's NLL is always one when there is a test set)."""
     infrequent_evaluator_builders: list[EvaluatorBuilder] = chz.field(default_factory=list)
+    """Evaluators run every ``infrequent_eval_every`` steps."""
     eval_every: int = 10
+    """Steps between evaluations (0: never)."""
     infrequent_eval_every: int = 100
+    """Steps between infrequent evaluations (0: never)."""
     save_every: int = 20
+    """Steps between checkpoints (0: only at the end); a rerun resumes from the last one."""
     ttl_seconds: int | None = None
     """Expiry of periodic checkpoints (None: kept); the final checkpoint never expires."""
 
     base_url: str | None = None
+    """The service to train on (None: the local engine)."""
     wandb_project: str | None = None
+    """Also log to this Weights & Biases project (None: no wandb)."""
     wandb_name: str | None = None
+    """The wandb run name."""
     behavior_if_log_dir_exists: cli_utils.LogdirBehavior = "ask"
+    """When log_path holds a run: resume it, delete it, raise, or ask (raise when stdin is not a terminal)."""
     num_examples_to_show: int = 1
+    """Training datums printed at the start, trained tokens highlighted."""
 
     @chz.validate
     def _check(self) -> None:
@@ -423,4 +448,4 @@ def cli_main(config: Config) -> None:
 
 
 if __name__ == "__main__":
-    chz.nested_entrypoint(cli_main)
+    cli_utils.run_recipe(cli_main)
