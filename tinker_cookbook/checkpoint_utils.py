@@ -215,8 +215,8 @@ class ResumePoint:
         if start_step >= end_step:
             name = None if self.row is None else self.row.get("name")
             logger.info(
-                "%s: the run already reached step %d (checkpoint %r); nothing to do. Raise max_steps or num_epochs "
-                "to train further, or pass behavior_if_log_dir_exists=delete to start over",
+                "%s: the run already reached step %d (checkpoint %r); nothing to do. Raise max_steps (or lengthen "
+                "the run) to train further, or pass behavior_if_log_dir_exists=delete to start over",
                 self.log_path, start_step, name,
             )
             print(f"Nothing to do: the run in {self.log_path} already reached step {start_step}.")
