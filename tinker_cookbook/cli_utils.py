@@ -261,9 +261,11 @@ def recipe_help(
     summary: str = "",
 ) -> str:
     """Every key: its type, its value with the arguments given so far (the default when none), its docstring."""
+    problem = ""
     try:
         config = blueprint.make()
-    except Exception:  # noqa: BLE001 - a bad value given with --help: list the defaults instead
+    except Exception as exc:  # noqa: BLE001 - a bad value given with --help: say so, list the defaults
+        problem = f"Error with the arguments given: {_one_line(exc)}"
         try:
             config = chz.Blueprint(blueprint.target).apply(dict(applied)).make()
         except Exception:  # noqa: BLE001 - required keys without defaults: chz's own listing says which
@@ -287,6 +289,8 @@ def recipe_help(
         if row.doc:
             out += textwrap.wrap(row.doc, 100, initial_indent="      ", subsequent_indent="      ")
     out += ["", "Bad input prints one Error: line; TINKER_COOKBOOK_DEBUG=1 shows the traceback instead."]
+    if problem:
+        out += ["", problem]
     return "\n".join(out)
 
 
