@@ -24,8 +24,7 @@ import chz
 import numpy as np
 
 from tinker_cookbook import checkpoint_utils, renderers, tinker
-from tinker_cookbook.cli_utils import LogdirBehavior
-from tinker_cookbook.cli_utils import run_recipe
+from tinker_cookbook.cli_utils import LogdirBehavior, run_recipe
 from tinker_cookbook.perf_env import reexec_with_fast_malloc
 from tinker_cookbook.utils import ml_log
 

@@ -17,13 +17,13 @@ REPO_DIRS = ("scripts", "example-data", "bench", "tests", "recipes", "tinker_coo
 
 
 def _code_blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", README, re.S)
+    return re.findall(rf"```{language}\n(.*?)```", README, re.DOTALL)
 
 
 def _commands() -> list[str]:
     """Every command: the lines of bash blocks, and inline code that runs a program."""
     lines = [line.split("#")[0].strip() for block in _code_blocks("bash") for line in block.splitlines()]
-    prose = re.sub(r"```.*?```", "", README, flags=re.S).replace("\n", " ")
+    prose = re.sub(r"```.*?```", "", README, flags=re.DOTALL).replace("\n", " ")
     inline = [span for span in re.findall(r"`([^`]+)`", prose)
               if re.search(r"\bpython\b|\bpytest\b|tinker-cookbook |\.sh\b", span) and " " in span]
     return [c for c in lines + inline if c]
@@ -47,9 +47,8 @@ def _recipe_commands() -> list[list[str]]:
     commands = []
     for command in _commands():
         words = shlex.split(command.split("&&")[-1])
-        if words[:3] and words[0] == ".venv/bin/python" and words[1] == "-m" and words[2].startswith("recipes."):
-            if "<name>" not in words[2]:
-                commands.append(words[2:])
+        if words[:2] == [".venv/bin/python", "-m"] and words[2].startswith("recipes.") and "<name>" not in words[2]:
+            commands.append(words[2:])
     return commands
 
 
@@ -63,14 +62,14 @@ def test_recipe_commands_parse(command, monkeypatch, capsys):
     assert f"Usage: python -m {command[0]}" in out and "Error with the arguments given" not in out, out[-500:]
     for arg in command[1:]:
         key = arg.split("=", 1)[0]
-        assert re.search(rf"^  (\S+\.)?{re.escape(key)}( \(or \w+\))?: ", out, re.M) or re.search(
+        assert re.search(rf"^  (\S+\.)?{re.escape(key)}( \(or \w+\))?: ", out, re.MULTILINE) or re.search(
             rf"\(or {re.escape(key)}\)", out), f"{key} is not a listed key"
 
 
 def test_cookbook_snippet_runs():
     [snippet] = [b for b in _code_blocks("python") if "renderers.get_renderer" in b]
     namespace: dict = {}
-    exec(compile(snippet, "README.md", "exec"), namespace)
+    exec(compile(snippet, "README.md", "exec"), namespace)  # noqa: S102 - running the README's own code
     assert namespace["ok"] and namespace["message"]["content"] == "4"
     assert sum(namespace["weights"].tolist()) > 0
 
@@ -79,5 +78,5 @@ def test_cookbook_snippet_runs():
 def test_api_snippet_runs():
     [snippet] = [b for b in _code_blocks("python") if "create_lora_training_client" in b]
     namespace: dict = {}
-    exec(compile(snippet, "README.md", "exec"), namespace)
+    exec(compile(snippet, "README.md", "exec"), namespace)  # noqa: S102 - running the README's own code
     assert namespace["path"].startswith("tinker://") and namespace["sampling_client"] is not None

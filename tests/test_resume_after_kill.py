@@ -96,9 +96,11 @@ def sl_config(log_path: Path, data_file: Path, **overrides: Any) -> sl_train.Con
     common = ChatDatasetBuilderCommonConfig(model_name_for_tokenizer=TINY, renderer_name="chatml", max_length=64,
                                             batch_size=4)
     builder = FromConversationFileBuilder(common_config=common, file_path=str(data_file), test_size=4)
-    values: dict[str, Any] = dict(log_path=str(log_path), model_name=TINY, dataset_builder=builder,
-                                  learning_rate=5e-3, lora_rank=4, eval_every=2, save_every=2,
-                                  behavior_if_log_dir_exists="resume", num_examples_to_show=0)
+    values: dict[str, Any] = {
+        "log_path": str(log_path), "model_name": TINY, "dataset_builder": builder, "learning_rate": 5e-3,
+        "lora_rank": 4, "eval_every": 2, "save_every": 2, "behavior_if_log_dir_exists": "resume",
+        "num_examples_to_show": 0,
+    }
     values.update(overrides)
     return sl_train.Config(**values)
 
@@ -135,9 +137,11 @@ RL_KEYS = ("env/all/reward/total", "env/all/ac_tokens_per_turn", "optim/loss:sum
 def rl_config(log_path: Path, **overrides: Any) -> rl_train.Config:
     builder = ArithmeticDatasetBuilder(batch_size=2, group_size=4, model_name_for_tokenizer=TINY,
                                        renderer_name="chatml", n_batches=6, max_operand=9, n_test_problems=2)
-    values: dict[str, Any] = dict(learning_rate=1e-3, dataset_builder=builder, model_name=TINY,
-                                  renderer_name="chatml", max_tokens=4, log_path=str(log_path), lora_rank=4,
-                                  eval_every=2, save_every=2, max_steps=4, behavior_if_log_dir_exists="resume")
+    values: dict[str, Any] = {
+        "learning_rate": 1e-3, "dataset_builder": builder, "model_name": TINY, "renderer_name": "chatml",
+        "max_tokens": 4, "log_path": str(log_path), "lora_rank": 4, "eval_every": 2, "save_every": 2, "max_steps": 4,
+        "behavior_if_log_dir_exists": "resume",
+    }
     values.update(overrides)
     return rl_train.Config(**values)
 

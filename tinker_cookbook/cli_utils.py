@@ -22,8 +22,8 @@ shows the traceback instead.
 from __future__ import annotations
 
 import ast
-import functools
 import inspect
+import itertools
 import logging
 import os
 import re
@@ -165,12 +165,12 @@ def run_recipe(
         config = blueprint.make()
     except (ValueError, *CHZ_ARGUMENT_ERRORS) as exc:  # validators raise ValueError; chz: keys and values
         _fail(exc)
-    except Exception as exc:  # noqa: BLE001 - only the cookbook's and the API's own errors are bad input
+    except Exception as exc:  # only the cookbook's and the API's own errors are bad input
         _fail_if_user_error(exc)
         raise
     try:
         main(config)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         _fail_if_user_error(exc)
         raise
 
@@ -328,7 +328,6 @@ def _type_repr(tp: Any) -> str:
     return re.sub(r"\b(?:[A-Za-z_]\w*[.:])+([A-Za-z_]\w*)", r"\1", chz.tiepin.type_repr(tp))
 
 
-@functools.cache
 def _attribute_docs(cls: type) -> dict[str, str]:
     """The docstrings written under fields (``x: int = 0`` then ``\"\"\"...\"\"\"``), over the class and its bases."""
     docs: dict[str, str] = {}
@@ -338,7 +337,7 @@ def _attribute_docs(cls: type) -> dict[str, str]:
         except (OSError, TypeError, SyntaxError):  # builtins, classes made at run time
             continue
         body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for stmt, after in zip(body, body[1:]):
+        for stmt, after in itertools.pairwise(body):
             if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(after, ast.Expr)
                     and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
                 docs[stmt.target.id] = inspect.cleandoc(after.value.value)
