@@ -104,15 +104,6 @@ def check_log_dir(
     )
 
 
-def model_name_from_argv(argv: Sequence[str], default: str) -> str:
-    """The value of a ``model_name=...`` argument, or ``default``: lets a recipe pick model-dependent defaults
-    before the full config is parsed."""
-    for arg in argv:
-        if arg.startswith("model_name="):
-            return arg.split("=", 1)[1]
-    return default
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Recipes: a Blueprint of the loop's config, with the recipe's defaults
 # ---------------------------------------------------------------------------------------------------------
@@ -133,9 +124,10 @@ class RecipeKey:
     doc: str
 
 
-Defaults: TypeAlias = Callable[[Mapping[str, str]], Mapping[str, Any]]
-"""The recipe's defaults for the Blueprint, computed from the ``key=value`` arguments as given (so they can
-depend on ``model_name`` or a ``RecipeKey``); values may be ``chz.blueprint.Reference("key")`` to follow a key."""
+Defaults: TypeAlias = Callable[[Mapping[str, str]], Mapping[str, Any]] | Mapping[str, Any] | chz.Blueprint[Any]
+"""The recipe's defaults: ``{key: value}``, or a function that computes them from the ``key=value`` arguments as
+given (so they can depend on ``model_name`` or a ``RecipeKey``), or a Blueprint with them applied. Values may be
+``chz.blueprint.Reference("key")`` to follow another key."""
 
 
 def run_recipe(
@@ -157,10 +149,16 @@ def run_recipe(
     target = chz.get_nested_target(main)
     chz_args = _spell_nested_keys(target, [a for a in args if _arg_key(a) not in {k.name for k in recipe_keys}])
     try:
-        applied = dict(defaults(given)) if defaults is not None else {}
-        blueprint = chz.Blueprint(target).apply(applied, layer_name="recipe defaults").apply_from_argv(chz_args)
+        applied: Mapping[str, Any] = {}
+        if isinstance(defaults, chz.Blueprint):
+            base = defaults.clone()
+        else:
+            applied = defaults(given) if callable(defaults) else dict(defaults or {})
+            base = chz.Blueprint(target).apply(applied, layer_name="recipe defaults")
+        blueprint = base.clone().apply_from_argv(chz_args)
         if wants_help:
-            _print_help(recipe_help(blueprint, applied, recipe_keys, given, _command_name(main), _summary(main)))
+            help_text = recipe_help(blueprint, base, applied, recipe_keys, given, _command_name(main), _summary(main))
+            _print_help(help_text)
             return
         config = blueprint.make()
     except (ValueError, *CHZ_ARGUMENT_ERRORS) as exc:  # validators raise ValueError; chz: keys and values
@@ -254,6 +252,7 @@ class _HelpRow:
 
 def recipe_help(
     blueprint: chz.Blueprint[Any],
+    defaults_only: chz.Blueprint[Any],
     applied: Mapping[str, Any],
     recipe_keys: Sequence[RecipeKey],
     given: Mapping[str, str],
@@ -267,7 +266,7 @@ def recipe_help(
     except Exception as exc:  # noqa: BLE001 - a bad value given with --help: say so, list the defaults
         problem = f"Error with the arguments given: {_one_line(exc)}"
         try:
-            config = chz.Blueprint(blueprint.target).apply(dict(applied)).make()
+            config = defaults_only.make()
         except Exception:  # noqa: BLE001 - required keys without defaults: chz's own listing says which
             return blueprint.get_help()
     rows = [_HelpRow(k.name, "str", repr(given.get(k.name, k.default)), k.doc) for k in recipe_keys]

@@ -200,3 +200,17 @@ def test_debug_variable_shows_the_traceback(monkeypatch):
     monkeypatch.setenv("TINKER_COOKBOOK_DEBUG", "1")
     with pytest.raises(ValueError, match="learning_rate=-1"):
         cli_utils.run_recipe(keep_sl, *SL, argv=["learning_rate=-1"])
+
+
+def test_defaults_can_also_be_a_mapping_or_a_blueprint(capsys):
+    from tinker_cookbook.rl.arithmetic_env import ArithmeticDatasetBuilder
+
+    values = {"model_name": TINY, "learning_rate": 1e-3, "max_tokens": 4, "log_path": "/nonexistent/run",
+              "dataset_builder": ArithmeticDatasetBuilder, "dataset_builder.batch_size": 2,
+              "dataset_builder.group_size": 2, "dataset_builder.n_batches": 3, "renderer_name": "chatml",
+              "dataset_builder.model_name_for_tokenizer": TINY, "dataset_builder.renderer_name": "chatml"}
+    for defaults in (values, chz.Blueprint(rl_train.Config).apply(values)):
+        config = build(keep_rl, (defaults, []), "group_size=5")
+        assert config.dataset_builder.group_size == 5 and config.learning_rate == 1e-3
+        cli_utils.run_recipe(keep_rl, defaults, argv=["--help"])
+        assert "dataset_builder.n_batches (or n_batches): int = 3" in capsys.readouterr().out
