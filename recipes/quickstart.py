@@ -33,11 +33,18 @@ EXAMPLES = [
 
 @chz.chz
 class Config:
+    """The quickstart's settings."""
+
     model_name: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    """The base model (the tiny random ``tinker-cookbook/tiny-smollm2`` runs in seconds, but learns nothing)."""
     rank: int = 32
+    """Rank of the LoRA adapter."""
     steps: int = 8
+    """Training steps over the ten examples."""
     learning_rate: float = 5e-4
+    """Adam learning rate."""
     seed: int = 0
+    """Seed of the LoRA initialisation."""
 
 
 def process_example(english: str, pig_latin: str, tokenizer) -> types.Datum:

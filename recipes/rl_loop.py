@@ -24,8 +24,7 @@ import chz
 import numpy as np
 
 from tinker_cookbook import checkpoint_utils, renderers, tinker
-from tinker_cookbook.cli_utils import LogdirBehavior, check_log_dir
-from tinker_cookbook.cli_utils import run_recipe
+from tinker_cookbook.cli_utils import LogdirBehavior, run_recipe
 from tinker_cookbook.perf_env import reexec_with_fast_malloc
 from tinker_cookbook.utils import ml_log
 
@@ -34,21 +33,36 @@ FEWSHOT = [{"role": "user", "content": "What is 4 + 5?"}, {"role": "assistant", 
 
 @chz.chz
 class Config:
+    """The flat RL loop's settings."""
+
     model_name: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    """The base model the LoRA adapter is trained on."""
     renderer_name: str | None = None
     """None: the model's recommended renderer."""
     log_path: str = chz.field(default_factory=lambda: str(Path(tempfile.gettempdir()) / "tinker-examples" / "rl-loop"))
+    """Where the run writes metrics.jsonl, checkpoints.jsonl and config.json."""
     batch_size: int = 8
+    """Questions per step."""
     group_size: int = 8
+    """Answers sampled per question; rewards are centred within each question's group."""
     max_operand: int = 9
+    """Operands of the additions are drawn from 0..max_operand."""
     learning_rate: float = 3e-4
+    """Adam learning rate (constant)."""
     max_tokens: int = 8
+    """The most tokens sampled per answer."""
     lora_rank: int = 32
+    """Rank of the LoRA adapter."""
     n_steps: int = 12
+    """Training steps of the whole run."""
     max_steps: int | None = None
+    """Stop after this many steps (None: n_steps); rerun with more to go on."""
     save_every: int = 20
+    """Steps between checkpoints (0: only at the end)."""
     seed: int = 0
+    """LoRA initialisation and sampling seed."""
     behavior_if_log_dir_exists: LogdirBehavior = "ask"
+    """When log_path holds a run: resume it, delete it, raise, or ask (raise when stdin is not a terminal)."""
 
 
 def make_questions(step: int, config: Config) -> list[tuple[str, int]]:
@@ -76,31 +90,33 @@ def make_datum(prompt: tinker.ModelInput, sampled_tokens: list[int], sampled_log
     )
 
 
-def resume_or_start(config: Config, service_client: tinker.ServiceClient) -> tuple[tinker.TrainingClient, int]:
-    """The training client and the first step: from the last checkpoint in log_path, or fresh."""
-    last = checkpoint_utils.get_last_checkpoint(config.log_path)
-    if last is not None:
-        print(f"Resuming from {last['state_path']} at step {last['batch']}")
-        client = service_client.create_training_client_from_state_with_optimizer(last["state_path"])
-        return client, int(last["batch"])
-    client = service_client.create_lora_training_client(base_model=config.model_name, rank=config.lora_rank,
-                                                        seed=config.seed)
-    return client, 0
+def start_training_client(config: Config, service_client: tinker.ServiceClient,
+                          resume_row: dict | None) -> tinker.TrainingClient:
+    """The last checkpoint's client (weights and optimizer state), or a fresh LoRA."""
+    if resume_row is not None:
+        print(f"Resuming from {resume_row['state_path']} at step {resume_row['batch']}")
+        return service_client.create_training_client_from_state_with_optimizer(resume_row["state_path"])
+    return service_client.create_lora_training_client(base_model=config.model_name, rank=config.lora_rank,
+                                                      seed=config.seed)
 
 
 def main(config: Config) -> None:
     from tinker_cookbook import model_info
 
-    check_log_dir(config.log_path, config.behavior_if_log_dir_exists)
+    n_steps = config.n_steps if config.max_steps is None else min(config.n_steps, config.max_steps)
+    # The same resume rules as the shared loops: refuse another run's log dir, drop rows past the last checkpoint.
+    resume = checkpoint_utils.resume_point(config.log_path, config.behavior_if_log_dir_exists, config)
+    start_step = 0 if resume.row is None else int(resume.row["batch"])
+    if not resume.begin(start_step, n_steps):
+        return
     logger = ml_log.setup_logging(config.log_path, config=config)
     service_client = tinker.ServiceClient()
-    training_client, start_step = resume_or_start(config, service_client)
+    training_client = start_training_client(config, service_client, resume.row)
     renderer_name = config.renderer_name or model_info.get_recommended_renderer_name(config.model_name)
     renderer = renderers.get_renderer(renderer_name, training_client.get_tokenizer())
     sampling_params = tinker.SamplingParams(max_tokens=config.max_tokens, temperature=1.0,
                                             stop=renderer.get_stop_sequences())
     adam = tinker.AdamParams(learning_rate=config.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8)
-    n_steps = config.n_steps if config.max_steps is None else min(config.n_steps, config.max_steps)
 
     for step in range(start_step, n_steps):
         start = time.time()
@@ -134,13 +150,13 @@ def main(config: Config) -> None:
             optim_future = training_client.optim_step(adam)
             metrics["loss:sum"] = fwd_bwd_future.result().metrics["loss:sum"]
             optim_future.result()
-        if config.save_every > 0 and (step + 1) % config.save_every == 0 and step + 1 < n_steps:
-            checkpoint_utils.save_checkpoint(training_client, f"{step + 1:06d}", config.log_path, {"batch": step + 1})
         metrics["time/total"] = time.time() - start
         logger.log_metrics(metrics, step=step)
+        # After the row: a run killed in between resumes from the checkpoint before and logs this step again.
+        if config.save_every > 0 and (step + 1) % config.save_every == 0 and step + 1 < n_steps:
+            checkpoint_utils.save_checkpoint(training_client, f"{step + 1:06d}", config.log_path, {"batch": step + 1})
 
-    if start_step < n_steps:
-        checkpoint_utils.save_checkpoint(training_client, "final", config.log_path, {"batch": n_steps, "final": True})
+    checkpoint_utils.save_checkpoint(training_client, "final", config.log_path, {"batch": n_steps, "final": True})
     logger.close()
 
 

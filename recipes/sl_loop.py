@@ -36,21 +36,38 @@ logger = logging.getLogger(__name__)
 
 @chz.chz
 class Config:
+    """The flat supervised loop's settings."""
+
     model_name: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    """The base model the LoRA adapter is trained on."""
     data_path: str = chz.field(default_factory=lambda: str(example_conversations_path()))
+    """A JSONL file with one ``{"messages": [...]}`` conversation per line (default: the project's example data)."""
     test_size: int = 48
+    """Conversations held out to measure ``test/nll``."""
     log_path: str = chz.field(default_factory=lambda: str(Path(tempfile.gettempdir()) / "tinker-examples" / "sl_loop"))
+    """Where the run writes metrics.jsonl, checkpoints.jsonl and config.json."""
     renderer_name: str | None = None
+    """None: the model's recommended renderer."""
     batch_size: int = 16
+    """Conversations per step."""
     learning_rate: float | None = None
     """None: ``hyperparam_utils.get_lr(model_name)``."""
     max_length: int = 256
+    """Conversations are cut to this many tokens."""
     lora_rank: int = 32
+    """Rank of the LoRA adapter."""
     num_epochs: int = 1
+    """Passes over the training conversations."""
     max_steps: int | None = None
+    """Stop after this many steps (None: all epochs); rerun with more to go on."""
     eval_every: int = 6
+    """Steps between test evaluations (0: never)."""
     save_every: int = 8
+    """Steps between checkpoints (0: only at the end)."""
+    seed: int = 0
+    """Seed of the LoRA initialisation: reruns (and resumed runs) give the same numbers."""
     behavior_if_log_dir_exists: cli_utils.LogdirBehavior = "ask"
+    """When log_path holds a run: resume it, delete it, raise, or ask (raise when stdin is not a terminal)."""
 
 
 def load_conversations(path: str) -> list[list[renderers.Message]]:
@@ -91,14 +108,14 @@ def mean_nll(output: types.ForwardBackwardOutput, data: list[types.Datum]) -> fl
     return float(sum(losses) / total_weight)
 
 
-def start_training_client(config: Config, service_client: tinker.ServiceClient) -> tuple[tinker.TrainingClient, int]:
-    """A new LoRA client, or the last checkpoint's (weights and optimizer) and the step it was saved after."""
-    if cli_utils.check_log_dir(config.log_path, config.behavior_if_log_dir_exists) == "resume":
-        last = checkpoint_utils.get_last_checkpoint(config.log_path)
-        if last is not None:
-            logger.info("resuming from %s after step %d", last["state_path"], last["step"])
-            return service_client.create_training_client_from_state_with_optimizer(last["state_path"]), last["step"]
-    return service_client.create_lora_training_client(base_model=config.model_name, rank=config.lora_rank), 0
+def start_training_client(config: Config, service_client: tinker.ServiceClient,
+                          resume_row: dict | None) -> tinker.TrainingClient:
+    """The last checkpoint's client (weights and optimizer state), or a new LoRA."""
+    if resume_row is not None:
+        logger.info("resuming from %s after step %d", resume_row["state_path"], resume_row["step"])
+        return service_client.create_training_client_from_state_with_optimizer(resume_row["state_path"])
+    return service_client.create_lora_training_client(base_model=config.model_name, rank=config.lora_rank,
+                                                      seed=config.seed)
 
 
 def main(config: Config) -> None:
@@ -113,12 +130,14 @@ def main(config: Config) -> None:
     end_step = min(total_steps, config.max_steps or total_steps)
     learning_rate = config.learning_rate or hyperparam_utils.get_lr(config.model_name)
 
-    service_client = tinker.ServiceClient()
-    training_client, start_step = start_training_client(config, service_client)
-    if start_step >= end_step:
-        print(f"Nothing to do: the run in {config.log_path} already reached step {start_step}.")
+    # The same resume rules as the shared loops: refuse another run's log dir, drop rows past the last checkpoint.
+    resume = checkpoint_utils.resume_point(config.log_path, config.behavior_if_log_dir_exists, config,
+                                           identity_keys=("model_name", "data_path", "lora_rank", "renderer_name"))
+    start_step = 0 if resume.row is None else int(resume.row["step"])
+    if not resume.begin(start_step, end_step):
         return
-    ml_log.truncate_metrics(config.log_path, keep_below_step=start_step)  # rows after the checkpoint are redone
+    service_client = tinker.ServiceClient()
+    training_client = start_training_client(config, service_client, resume.row)
     # config.json records the learning rate actually used (the sweep page reads it back).
     ml_logger = ml_log.setup_logging(config.log_path, config=chz.replace(config, learning_rate=learning_rate))
     logger.info("%d train conversations, %d batches x %d epochs; steps %d..%d", len(train_conversations),

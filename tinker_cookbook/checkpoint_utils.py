@@ -17,6 +17,13 @@ The semantics, which every loop in this package follows:
 - Resuming = the last row that has ``state_path`` (``get_last_checkpoint``), loaded with
   ``ServiceClient.create_training_client_from_state_with_optimizer`` (weights and Adam state).
 
+Every loop resumes the same way, through ``resume_point`` and ``ResumePoint.begin`` (the supervised and RL loops and
+the flat recipes): the log-dir policy (``cli_utils.check_log_dir``) decides whether an existing run is kept; a kept
+run must have been started with the same model, data and adapter shape (else ``ConfigurationError`` naming each
+differing field); it continues from its last complete checkpoint; a run that already reached its last step is a
+no-op; and the ``metrics.jsonl`` rows logged after that checkpoint by the interrupted attempt are dropped, since the
+resumed run logs those steps again. So a run killed anywhere logs each step exactly once.
+
 Extra loop-state keys are kept as given and come back unchanged from ``load_checkpoints_file``.
 """
 
@@ -30,15 +37,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
-from tinker_cookbook import tinker
+from tinker_cookbook import cli_utils, tinker
 from tinker_cookbook.exceptions import CheckpointError, ConfigurationError
-from tinker_cookbook.utils.ml_log import remove_torn_tail
+from tinker_cookbook.utils import ml_log
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINTS_FILE = "checkpoints.jsonl"
 CheckpointKind: TypeAlias = Literal["state", "sampler", "both"]
 RENDERER_NAME_METADATA_KEY = "renderer_name"
+# A run in log_path can only be resumed by a config that agrees on these (they define what is being trained).
+RUN_IDENTITY_KEYS: tuple[str, ...] = (
+    "model_name", "dataset_builder", "lora_rank", "renderer_name", "load_checkpoint_path",
+)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -54,7 +65,7 @@ def append_checkpoint_record(log_path: str | Path, record: Mapping[str, Any]) ->
     """Append one row and force it to disk, so that a row, once written, survives a crash."""
     path = checkpoints_path(log_path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    remove_torn_tail(path)
+    ml_log.remove_torn_tail(path)
     line = json.dumps(dict(record)) + "\n"
     with open(path, "a") as f:
         f.write(line)
@@ -184,6 +195,57 @@ def save_checkpoint(
 # ---------------------------------------------------------------------------------------------------------
 # Resuming
 # ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a run in ``log_path`` continues from: ``row`` is the checkpoint to load, None to start at step 0."""
+
+    log_path: Path
+    row: dict[str, Any] | None
+
+    def begin(self, start_step: int, end_step: int) -> bool:
+        """Get ``log_path`` ready for steps ``start_step .. end_step - 1``; False when there is nothing to do.
+
+        A run that already reached ``end_step`` (finished, or stopped at a ``max_steps`` that was not raised) is
+        left untouched. Otherwise the ``metrics.jsonl`` rows from ``start_step`` on are dropped: the interrupted
+        attempt logged them after its last checkpoint, and this run logs those steps again.
+        Call before ``ml_log.setup_logging``, which appends to ``metrics.jsonl``.
+        """
+        if start_step >= end_step:
+            name = None if self.row is None else self.row.get("name")
+            logger.info(
+                "%s: the run already reached step %d (checkpoint %r); nothing to do. Raise max_steps (or lengthen "
+                "the run) to train further, or pass behavior_if_log_dir_exists=delete to start over",
+                self.log_path, start_step, name,
+            )
+            print(f"Nothing to do: the run in {self.log_path} already reached step {start_step}.")
+            return False
+        ml_log.truncate_metrics(self.log_path, keep_below_step=start_step)
+        return True
+
+
+def resume_point(
+    log_path: str | Path,
+    behavior_if_log_dir_exists: cli_utils.LogdirBehavior,
+    config: Any,
+    identity_keys: Sequence[str] = RUN_IDENTITY_KEYS,
+) -> ResumePoint:
+    """Apply the log-dir policy to ``log_path`` and find the checkpoint that this run continues from.
+
+    No run there (or it was deleted by the policy): start at step 0. A kept run must have been started with a
+    config (``config.json``) that agrees with ``config`` on ``identity_keys``, otherwise ``ConfigurationError``
+    names each differing field; it continues from its last complete checkpoint, or from step 0 when it has none.
+    Call this before anything writes to ``log_path``: ``ml_log.setup_logging`` overwrites ``config.json``.
+    """
+    log_path = Path(log_path)
+    if cli_utils.check_log_dir(log_path, behavior_if_log_dir_exists) == "fresh":
+        return ResumePoint(log_path, None)
+    check_config_compatible(log_path, ml_log.dump_config(config), identity_keys)
+    row = get_last_checkpoint(log_path, required_key="state_path")
+    if row is None:
+        logger.info("%s has no complete checkpoint yet: starting from step 0", log_path)
+    return ResumePoint(log_path, row)
 
 
 def check_config_compatible(

@@ -1,5 +1,13 @@
 """Command-line helpers shared by the training loops and recipes.
 
+``run_recipe`` is every recipe's entry point (``python -m recipes.<name> key=value ...``): it builds the recipe's
+config from a chz Blueprint of the config class with the recipe's defaults applied, so every field of the loop's
+config is a command-line key (nested ones by their dotted path, or by their last part when that is not a top-level
+key: ``batch_size=4`` for ``dataset_builder.common_config.batch_size``). ``--help`` lists every key with its type,
+its default and its docstring. Bad input (an unknown key, a value that does not parse, a validator's
+``ValueError``, a cookbook or API error) prints one ``Error: ...`` line and exits 1; ``TINKER_COOKBOOK_DEBUG=1``
+shows the traceback instead.
+
 ``check_log_dir`` applies the policy for a ``log_path`` that already holds a run
 (``behavior_if_log_dir_exists``):
 
@@ -13,12 +21,28 @@
 
 from __future__ import annotations
 
+import ast
+import inspect
+import itertools
 import logging
+import os
+import re
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypeAlias, get_args
+from typing import Any, Literal, NoReturn, TypeAlias, TypeVar, get_args
+
+import chz
+from chz.blueprint import (
+    ConstructionException,
+    ExtraneousBlueprintArg,
+    InvalidBlueprintArg,
+    MissingBlueprintArg,
+    Reference,
+)
 
 from tinker_cookbook.exceptions import ConfigurationError
 
@@ -80,33 +104,240 @@ def check_log_dir(
     )
 
 
-def model_name_from_argv(argv: Sequence[str], default: str) -> str:
-    """The value of a ``model_name=...`` argument, or ``default``: lets a recipe pick model-dependent defaults
-    before the full config is parsed."""
-    for arg in argv:
-        if arg.startswith("model_name="):
-            return arg.split("=", 1)[1]
-    return default
+# ---------------------------------------------------------------------------------------------------------
+# Recipes: a Blueprint of the loop's config, with the recipe's defaults
+# ---------------------------------------------------------------------------------------------------------
+
+ConfigT = TypeVar("ConfigT")
+HELP_FLAGS = ("--help", "-h")
+# What chz raises for an unknown key, a value that does not parse, or a missing one.
+CHZ_ARGUMENT_ERRORS = (ExtraneousBlueprintArg, InvalidBlueprintArg, MissingBlueprintArg, ConstructionException)
 
 
-def run_recipe(main: Callable[..., object]) -> None:
-    """Run a recipe's ``main`` from the command line (``key=value`` arguments via chz).
+@dataclass(frozen=True)
+class RecipeKey:
+    """A command-line key of a recipe that is not a config field: its value chooses the recipe's defaults
+    (``dataset=...`` picks the dataset builder and its settings)."""
 
-    Errors that come from bad input (``TinkerCookbookError``, ``tinker.TinkerError``) already say what is wrong and
-    how to fix it, so they are printed as one ``Error: ...`` line with exit status 1 instead of a traceback. Set
-    ``TINKER_COOKBOOK_DEBUG=1`` to see the traceback.
+    name: str
+    default: str
+    doc: str
+
+
+Defaults: TypeAlias = Callable[[Mapping[str, str]], Mapping[str, Any]] | Mapping[str, Any] | chz.Blueprint[Any]
+"""The recipe's defaults: ``{key: value}``, or a function that computes them from the ``key=value`` arguments as
+given (so they can depend on ``model_name`` or a ``RecipeKey``), or a Blueprint with them applied. Values may be
+``chz.blueprint.Reference("key")`` to follow another key."""
+
+
+def run_recipe(
+    main: Callable[[ConfigT], object],
+    defaults: Defaults | None = None,
+    recipe_keys: Sequence[RecipeKey] = (),
+    argv: Sequence[str] | None = None,
+) -> None:
+    """Build ``main``'s config from ``argv`` (default ``sys.argv[1:]``) over ``defaults`` and call ``main`` with it.
+
+    The config class is ``main``'s parameter annotation; the config is
+    ``chz.Blueprint(Config).apply(defaults(args)).make_from_argv(argv)``, after ``recipe_keys`` are taken out of
+    ``argv`` and bare nested keys are spelled as chz wildcards (``batch_size=4`` -> ``...batch_size=4``).
     """
-    import os
+    args = list(sys.argv[1:] if argv is None else argv)
+    wants_help = any(a in HELP_FLAGS for a in args)
+    args = [a for a in args if a not in HELP_FLAGS]
+    given = dict(a.split("=", 1) for a in args if "=" in a)
+    target = chz.get_nested_target(main)
+    chz_args = _spell_nested_keys(target, [a for a in args if _arg_key(a) not in {k.name for k in recipe_keys}])
+    try:
+        applied: Mapping[str, Any] = {}
+        if isinstance(defaults, chz.Blueprint):
+            base = defaults.clone()
+        else:
+            applied = defaults(given) if callable(defaults) else dict(defaults or {})
+            base = chz.Blueprint(target).apply(applied, layer_name="recipe defaults")
+        blueprint = base.clone().apply_from_argv(chz_args)
+        if wants_help:
+            help_text = recipe_help(blueprint, base, applied, recipe_keys, given, _command_name(main), _summary(main))
+            _print_help(help_text)
+            return
+        config = blueprint.make()
+    except (ValueError, *CHZ_ARGUMENT_ERRORS) as exc:  # validators raise ValueError; chz: keys and values
+        _fail(exc)
+    except Exception as exc:  # only the cookbook's and the API's own errors are bad input
+        _fail_if_user_error(exc)
+        raise
+    try:
+        main(config)
+    except Exception as exc:
+        _fail_if_user_error(exc)
+        raise
 
-    import chz
 
+def _print_help(text: str) -> None:
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `--help | head`: the reader has seen enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _arg_key(arg: str) -> str:
+    match = re.match(r"[^=@]*", arg)
+    return match.group(0) if match else arg
+
+
+def _spell_nested_keys(target: type, args: list[str]) -> list[str]:
+    """``key=value`` for a key that is not a top-level field becomes the wildcard ``...key=value``."""
+    top = set(chz.chz_fields(target))
+    return [f"...{arg}" if "=" in arg and _arg_key(arg) and "." not in _arg_key(arg) and _arg_key(arg) not in top
+            else arg for arg in args]
+
+
+def _fail_if_user_error(exc: BaseException) -> None:
     from tinker_cookbook.exceptions import TinkerCookbookError
     from tinker_cookbook.tinker.errors import TinkerError
 
+    if isinstance(exc, (TinkerCookbookError, TinkerError)):
+        _fail(exc)
+
+
+def _fail(exc: BaseException) -> NoReturn:
+    """Print ``exc`` as one ``Error:`` line and exit 1 (or re-raise it under ``TINKER_COOKBOOK_DEBUG=1``)."""
+    if os.environ.get("TINKER_COOKBOOK_DEBUG") == "1":
+        raise exc
+    print(f"Error: {_one_line(exc)}", file=sys.stderr)
+    sys.exit(1)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = re.sub(r"'\.\.\.(\w+)'", r"'\1'", str(exc))  # say a key as the user wrote it, not as its wildcard
+    if not isinstance(exc, CHZ_ARGUMENT_ERRORS):
+        return text.strip()
+    # chz explains over several lines; say it in one, in the recipe's terms.
+    lines = [line.strip(" -") for line in text.splitlines() if line.strip()]
+    first = lines[0]
+    if match := re.match(r"Extraneous argument '(.+?)' to Blueprint", first):
+        first = f"{match.group(1)} is not a key of this recipe"
+    elif match := re.match(r"Could not interpret argument '(.*)' provided for param '(.+?)'", first):
+        first = f"{match.group(2)}={match.group(1)!r} is not a valid value"
+    hints = [ln for ln in lines[1:] if ln.startswith(("Could not cast", "Did you mean", "Missing"))]
+    return "; ".join([first, *hints]) + " (--help lists the keys)"
+
+
+def _summary(main: Callable[..., object]) -> str:
+    """The first paragraph of the recipe's module docstring."""
+    doc = inspect.getdoc(sys.modules.get(main.__module__)) or ""
+    return doc.split("\n\n")[0]
+
+
+def _command_name(main: Callable[..., object]) -> str:
+    module = main.__module__
+    if module == "__main__":
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        module = spec.name if spec is not None else Path(sys.argv[0]).stem
+    return f"python -m {module}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# --help
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _HelpRow:
+    key: str
+    type: str
+    default: str
+    doc: str
+
+
+def recipe_help(
+    blueprint: chz.Blueprint[Any],
+    defaults_only: chz.Blueprint[Any],
+    applied: Mapping[str, Any],
+    recipe_keys: Sequence[RecipeKey],
+    given: Mapping[str, str],
+    command: str,
+    summary: str = "",
+) -> str:
+    """Every key: its type, its value with the arguments given so far (the default when none), its docstring."""
+    problem = ""
     try:
-        chz.nested_entrypoint(main)
-    except (TinkerCookbookError, TinkerError) as exc:
-        if os.environ.get("TINKER_COOKBOOK_DEBUG") == "1":
-            raise
-        print(f"Error: {exc}", file=sys.stderr)
-        sys.exit(1)
+        config = blueprint.make()
+    except Exception as exc:  # noqa: BLE001 - a bad value given with --help: say so, list the defaults
+        problem = f"Error with the arguments given: {_one_line(exc)}"
+        try:
+            config = defaults_only.make()
+        except Exception:  # noqa: BLE001 - required keys without defaults: chz's own listing says which
+            return blueprint.get_help()
+    rows = [_HelpRow(k.name, "str", repr(given.get(k.name, k.default)), k.doc) for k in recipe_keys]
+    follows = {path: value.ref for path, value in applied.items() if isinstance(value, Reference)}
+    rows += _config_rows(config, "", follows)
+    short = _short_keys([r.key for r in rows], set(chz.chz_fields(type(config))))
+    out = [f"Usage: {command} [key=value ...]", ""]
+    summary = summary or (inspect.getdoc(type(config)) or "").split("\n\n")[0]
+    if summary:
+        out += [summary, ""]
+    if short:
+        example = "batch_size" if "batch_size" in short.values() else next(iter(short.values()))
+        out += [f"Keys (a nested key can also be given by its short name, the one after 'or': {example}=...):", ""]
+    else:
+        out += ["Keys:", ""]
+    for row in rows:
+        alias = f" (or {short[row.key]})" if row.key in short else ""
+        out.append(f"  {row.key}{alias}: {row.type} = {row.default}")
+        if row.doc:
+            out += textwrap.wrap(row.doc, 100, initial_indent="      ", subsequent_indent="      ")
+    out += ["", "Bad input prints one Error: line; TINKER_COOKBOOK_DEBUG=1 shows the traceback instead."]
+    if problem:
+        out += ["", problem]
+    return "\n".join(out)
+
+
+def _config_rows(config: Any, prefix: str, follows: Mapping[str, str]) -> list[_HelpRow]:
+    docs = _attribute_docs(type(config))
+    rows: list[_HelpRow] = []
+    for name, field in chz.chz_fields(type(config)).items():
+        value = getattr(config, name)
+        path = prefix + name
+        doc = docs.get(name) or getattr(field, "_doc", "") or ""
+        if path in follows:
+            doc = f"(follows {follows[path]}) {doc}".strip()
+        shown = type(value).__name__ if chz.is_chz(value) else _value_repr(value)
+        rows.append(_HelpRow(path, _type_repr(field.final_type), shown, " ".join(doc.split())))
+        if chz.is_chz(value):
+            rows += _config_rows(value, path + ".", follows)
+    return rows
+
+
+def _short_keys(keys: list[str], top: set[str]) -> dict[str, str]:
+    """The last part of each nested leaf key that names exactly one key and is not a top-level key."""
+    nested = {k.rsplit(".", 1)[0] for k in keys if "." in k}
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return {k: part for k, part in zip(keys, last, strict=True)
+            if "." in k and part not in top and last.count(part) == 1 and k not in nested}
+
+
+def _value_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _type_repr(tp: Any) -> str:
+    """``chz``'s type text without module paths: ``AsyncConfig | None``."""
+    return re.sub(r"\b(?:[A-Za-z_]\w*[.:])+([A-Za-z_]\w*)", r"\1", chz.tiepin.type_repr(tp))
+
+
+def _attribute_docs(cls: type) -> dict[str, str]:
+    """The docstrings written under fields (``x: int = 0`` then ``\"\"\"...\"\"\"``), over the class and its bases."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):  # builtins, classes made at run time
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for stmt, after in itertools.pairwise(body):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(after, ast.Expr)
+                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+                docs[stmt.target.id] = inspect.cleandoc(after.value.value)
+    return docs

@@ -44,12 +44,3 @@ def test_recipe_runs_two_steps_and_a_rerun_is_a_noop(tmp_path, module):
     assert "Nothing to do" in again.stdout
     assert _rows(log_path / "metrics.jsonl") == metrics
 
-
-def test_sl_basic_rejects_unknown_dataset_and_bad_arguments():
-    from recipes.sl_basic import CLIConfig, build_config
-    from tinker_cookbook.exceptions import ConfigurationError
-
-    with pytest.raises(ConfigurationError, match="dataset='nope' is not a known dataset"):
-        build_config(CLIConfig(model_name=TINY, dataset="nope"))
-    with pytest.raises(ValueError, match="batch_size=0"):
-        build_config(CLIConfig(model_name=TINY, batch_size=0))

@@ -5,6 +5,7 @@ import pytest
 from tinker_cookbook import checkpoint_utils, tinker
 from tinker_cookbook.exceptions import CheckpointError, ConfigurationError
 from tinker_cookbook.tinker import types
+from tinker_cookbook.utils import ml_log
 
 
 class _FakeClient:
@@ -75,3 +76,39 @@ def test_appending_after_a_torn_row_removes_the_fragment(tmp_path):
     path.write_text('{"name": "a", "state_path": "p"}\n{"name": "b", "sta')
     checkpoint_utils.save_checkpoint(_FakeClient(), "c", tmp_path, {"step": 3})
     assert [row["name"] for row in checkpoint_utils.load_checkpoints_file(tmp_path)] == ["a", "c"]
+
+
+def _write_run(log_path, steps, checkpoint_step):
+    log_path.mkdir(parents=True, exist_ok=True)
+    (log_path / "config.json").write_text('{"model_name": "m", "lora_rank": 4, "learning_rate": 0.1}')
+    (log_path / "metrics.jsonl").write_text("".join(f'{{"step": {s}, "loss": {s}}}\n' for s in steps))
+    checkpoint_utils.save_checkpoint(_FakeClient(), f"{checkpoint_step:06d}", log_path, {"step": checkpoint_step})
+
+
+def test_resume_point_drops_rows_past_the_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    _write_run(run, steps=[0, 1, 2, 3], checkpoint_step=2)  # killed after logging step 3
+    resume = checkpoint_utils.resume_point(run, "resume", {"model_name": "m", "lora_rank": 4, "learning_rate": 1})
+    assert resume.row["name"] == "000002"
+    assert resume.begin(start_step=2, end_step=6)
+    assert [row["step"] for row in ml_log.read_metrics(run)] == [0, 1]
+
+
+def test_resume_point_of_a_finished_run_does_nothing(tmp_path, capsys):
+    run = tmp_path / "run"
+    _write_run(run, steps=[0, 1, 2, 3], checkpoint_step=4)
+    resume = checkpoint_utils.resume_point(run, "resume", {"model_name": "m", "lora_rank": 4})
+    assert not resume.begin(start_step=4, end_step=4)
+    assert "Nothing to do" in capsys.readouterr().out
+    assert [row["step"] for row in ml_log.read_metrics(run)] == [0, 1, 2, 3]
+
+
+def test_resume_point_refuses_another_run_and_applies_the_log_dir_policy(tmp_path):
+    run = tmp_path / "run"
+    _write_run(run, steps=[0], checkpoint_step=1)
+    with pytest.raises(ConfigurationError, match=r"(?s)model_name: 'm' \(in the log dir\) != 'other'.*lora_rank: 4"):
+        checkpoint_utils.resume_point(run, "resume", {"model_name": "other", "lora_rank": 8})
+    with pytest.raises(ConfigurationError, match="behavior_if_log_dir_exists=resume"):
+        checkpoint_utils.resume_point(run, "raise", {"model_name": "m"})
+    fresh = checkpoint_utils.resume_point(run, "delete", {"model_name": "other"})
+    assert fresh.row is None and not run.exists()

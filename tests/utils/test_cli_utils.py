@@ -1,6 +1,6 @@
 import pytest
 
-from tinker_cookbook.cli_utils import check_log_dir, model_name_from_argv
+from tinker_cookbook.cli_utils import check_log_dir
 from tinker_cookbook.exceptions import ConfigurationError
 
 
@@ -51,7 +51,3 @@ def test_bad_behavior_value():
     with pytest.raises(ConfigurationError, match="behavior_if_log_dir_exists='maybe'"):
         check_log_dir(".", "maybe")  # type: ignore[arg-type]  # the bad value is the point
 
-
-def test_model_name_from_argv():
-    assert model_name_from_argv(["lr=1", "model_name=org/m"], "d") == "org/m"
-    assert model_name_from_argv(["lr=1"], "d") == "d"

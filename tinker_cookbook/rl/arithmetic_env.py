@@ -87,16 +87,27 @@ class ArithmeticDatasetBuilder(RLDatasetBuilder):
     """Train on random additions; with ``n_test_problems`` > 0 also a fixed test set (a different seed)."""
 
     batch_size: int
+    """Problems per batch (each sampled ``group_size`` times)."""
     model_name_for_tokenizer: str
+    """Whose tokenizer renders the prompts."""
     renderer_name: str
+    """How prompts are rendered (``renderers.get_renderer``)."""
     n_batches: int
+    """Batches in the dataset: the number of training iterations."""
     group_size: int
+    """Samples per problem; rewards are centred within each group."""
     include_fewshot: bool = True
+    """Start every prompt with one solved example."""
     max_operand: int = 100
+    """Operands are drawn from 0..max_operand."""
     seed: int = 0
+    """Problem seed: batch ``i`` is drawn from ``(seed, i)``."""
     n_test_problems: int = 0
+    """Size of a fixed test set (0: none)."""
     test_group_size: int = 1
+    """Samples per test problem."""
     format_coef: float = 0.1
+    """Penalty for a reply cut off before its stop token: reward = correct - format_coef * cut_off."""
 
     @chz.validate
     def _check(self) -> None:

@@ -188,14 +188,29 @@ class Gsm8kDatasetBuilder(RLDatasetBuilder):
     """GSM8K train/test (``source="hub"``) or generated problems of the same format (``source="offline"``)."""
 
     batch_size: int
+    """Problems per batch (each sampled ``group_size`` times)."""
     group_size: int
+    """Samples per problem; rewards are centred within each group."""
     model_name_for_tokenizer: str
+    """Whose tokenizer renders the prompts."""
     renderer_name: str
+    """How prompts are rendered (``renderers.get_renderer``)."""
     convo_prefix: Literal["standard"] | None = "standard"
+    """``standard``: prompts start with solved examples; None: no examples."""
     seed: int = 0
+    """Shuffling and problem-generation seed."""
     source: Literal["offline", "hub"] = "offline"
+    """``offline``: generated problems of the GSM8K format; ``hub``: the real GSM8K (needs the hub or its cache)."""
     n_offline_train: int = 2000
+    """Generated training problems (``source=offline``)."""
     n_test: int = 64
+    """Test problems."""
+
+    @chz.validate
+    def _check(self) -> None:
+        for name in ("batch_size", "group_size", "n_offline_train"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
 
     async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
         from tinker_cookbook import renderers

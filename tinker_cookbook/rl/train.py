@@ -11,8 +11,11 @@ Three modes share one ``Config`` and ``main``:
 
 Per run ``log_path`` holds ``config.json``, ``metrics.jsonl`` (step = iteration), ``checkpoints.jsonl``, ``logs.log``
 and ``iteration_NNNNNN/train.html`` (a few rollouts per iteration). A checkpoint row ``{"batch": i+1, ...}`` is
-written after the train step of iteration ``i`` when ``(i + 1) % save_every == 0``, and ``final`` at the end, so a
-rerun resumes exactly where the last row says (or does nothing once ``final`` is written).
+written after the train step of iteration ``i`` when ``(i + 1) % save_every == 0`` (once row ``i`` of
+``metrics.jsonl`` is logged), and ``final`` at the end. Resuming works as in the supervised loop
+(``checkpoint_utils.resume_point``): a log dir of another model or dataset is refused, a rerun continues from the
+last row's ``batch`` after dropping the ``metrics.jsonl`` rows the interrupted attempt logged past it, and a run
+that already reached its last iteration does nothing.
 
 ``recipes/rl_loop.py`` is the flat, pedagogical twin of this loop on the raw API.
 """
@@ -31,10 +34,10 @@ from typing import Any, Literal
 import chz
 
 from tinker_cookbook import checkpoint_utils, tinker
-from tinker_cookbook.cli_utils import LogdirBehavior, check_log_dir
+from tinker_cookbook.cli_utils import LogdirBehavior
 from tinker_cookbook.completers import TinkerTokenCompleter
 from tinker_cookbook.eval.evaluators import SamplingClientEvaluator, SamplingClientEvaluatorBuilder
-from tinker_cookbook.exceptions import AllTrajectoriesFailedError, ConfigurationError
+from tinker_cookbook.exceptions import AllTrajectoriesFailedError, CheckpointError, ConfigurationError
 from tinker_cookbook.rl.metric_util import RLTestSetEvaluator, compute_trajectory_metrics
 from tinker_cookbook.rl.rollouts import BatchRollout, do_batch_rollouts, do_group_rollout
 from tinker_cookbook.rl.train_step import (
@@ -62,7 +65,9 @@ class AsyncConfig:
     """Off-policy training: ``max_steps_off_policy`` = the oldest sampler (in steps) whose groups may be trained on."""
 
     max_steps_off_policy: int
+    """Train on groups sampled at most this many steps before the step that trains on them."""
     groups_per_batch: int
+    """Groups per training step."""
 
 
 @chz.chz
@@ -70,7 +75,9 @@ class StreamMinibatchConfig:
     """Train each minibatch as soon as its groups are sampled; ``groups_per_batch`` must equal the batch size."""
 
     groups_per_batch: int
+    """Groups per batch: the dataset's batch size."""
     num_minibatches: int
+    """Minibatches per optimizer step, each sent to ``forward_backward`` as soon as its groups are done."""
 
 
 @chz.chz
@@ -78,51 +85,80 @@ class KLReferenceConfig:
     """The reference policy of the KL penalty: a base model, or a ``sampler_weights/`` checkpoint of one."""
 
     base_model: str
+    """The reference model."""
     load_checkpoint_path: str | None = None
+    """A ``sampler_weights/`` checkpoint of ``base_model`` to use instead of the base weights."""
 
 
 @chz.chz
 class Config:
+    """RL training of a LoRA adapter: sample groups, centre rewards within each group, take a policy-gradient step."""
+
     learning_rate: float
+    """Learning rate of AdamW (constant)."""
     dataset_builder: RLDatasetBuilder
+    """Builds the train (and optional test) dataset of environment groups."""
     model_name: str
+    """The base model the LoRA adapter is trained on."""
     max_tokens: int
+    """The most tokens sampled per reply."""
     log_path: str = chz.field(munger=lambda _, s: str(Path(s).expanduser()))
+    """Where the run writes metrics.jsonl, checkpoints.jsonl, config.json and the transcripts."""
     renderer_name: str | None = None
     """Recorded in the run's metadata; resuming from a checkpoint trained with another renderer is refused."""
 
     lora_rank: int = 32
+    """Rank of the LoRA adapter."""
     seed: int = 0
     """LoRA initialisation and sampling seeds: reruns (and resumed runs) of single-turn envs sample the same tokens."""
 
     temperature: float = 1.0
+    """Sampling temperature of the rollouts."""
     loss_fn: LossFnName = "importance_sampling"
+    """The policy-gradient loss."""
     loss_fn_config: dict[str, float] | None = None
+    """The loss's settings, e.g. ``{"clip_low_threshold": 0.8}`` for ppo/cispo, ``{"beta": 0.05}`` for dro."""
     num_substeps: int = 1
+    """Optimizer steps per batch, each on a slice of its groups."""
     remove_constant_reward_groups: bool = False
+    """Leave out groups whose samples all got the same reward (they carry no signal)."""
     rollout_error_tolerance: bool = False
     """False: an env error stops the run with that error. True: the failing group is logged and skipped."""
 
     kl_penalty_coef: float = 0.0
+    """Weight of the KL penalty against the reference policy, added to the advantages (0: none)."""
     kl_discount_factor: float = 0.0
+    """Discount with which each token's KL penalty also counts for the tokens before it (0: only its own)."""
     kl_reference_config: KLReferenceConfig | None = None
     """None: the KL penalty is against ``model_name`` itself (the untrained base)."""
 
     eval_every: int = 20
+    """Iterations between evaluations (0: never)."""
     save_every: int = 20
+    """Iterations between checkpoints (0: only at the end); a rerun resumes from the last one."""
     evaluator_builders: list[SamplingClientEvaluatorBuilder] = chz.field(default_factory=list)
+    """Evaluators run every ``eval_every`` iterations (the test set is always one when there is a test set)."""
     load_checkpoint_path: str | None = None
     """Start from these weights (a ``weights/`` path); ignored when the log dir has a checkpoint to resume."""
 
     async_config: AsyncConfig | None = None
+    """Off-policy mode: sampling never waits for training (``rl/train_async.py``)."""
     stream_minibatch_config: StreamMinibatchConfig | None = None
+    """Streaming mode: train minibatches as soon as their groups are sampled."""
     num_groups_to_log: int = 4
+    """Groups per iteration written to ``iteration_NNNNNN/train.html``."""
     max_steps: int | None = None
+    """Stop after this many iterations (None: the whole dataset); rerun with more to go on."""
     ttl_seconds: int | None = 604800
+    """Expiry of periodic checkpoints (None: kept); the final checkpoint never expires."""
     behavior_if_log_dir_exists: LogdirBehavior = "ask"
+    """When log_path holds a run: resume it, delete it, raise, or ask (raise when stdin is not a terminal)."""
     wandb_project: str | None = None
+    """Also log to this Weights & Biases project (None: no wandb)."""
     wandb_name: str | None = None
+    """The wandb run name."""
     base_url: str | None = None
+    """The service to train on (None: the local engine)."""
 
     @chz.validate
     def _check(self) -> None:
@@ -188,41 +224,59 @@ class RunContext:
         metrics["time/eval"] = time.perf_counter() - start
         return metrics
 
-    async def next_sampler(self, i: int, metrics: dict[str, float]) -> tinker.SamplingClient:
-        """The sampler for iteration ``i + 1``: the periodic checkpoint's weights, or an in-memory snapshot."""
+    async def next_sampler(self, i: int, metrics: dict[str, float]
+                           ) -> tuple[tinker.SamplingClient, checkpoint_utils.PendingCheckpoint | None]:
+        """The sampler for iteration ``i + 1`` (the periodic checkpoint's weights, or an in-memory snapshot), and
+        the checkpoint to record with ``log_row`` once row ``i`` is logged."""
         with timed("save", metrics):
             if self.cfg.save_every > 0 and (i + 1) % self.cfg.save_every == 0 and i + 1 < self.end_batch:
-                row = await checkpoint_utils.save_checkpoint_async(
+                pending = checkpoint_utils.start_checkpoint(
                     self.training_client, f"{i + 1:06d}", self.cfg.log_path, {"batch": i + 1}, "both",
                     self.cfg.ttl_seconds)
-                return await self.service_client.create_sampling_client_async(model_path=row["sampler_path"])
-            return await self.training_client.save_weights_and_get_sampling_client_async()
+                sampler_path = (await pending.futures["sampler_path"].result_async()).path
+                return await self.service_client.create_sampling_client_async(model_path=sampler_path), pending
+            return await self.training_client.save_weights_and_get_sampling_client_async(), None
+
+    async def log_row(self, i: int, metrics: dict[str, float],
+                      checkpoint: checkpoint_utils.PendingCheckpoint | None) -> None:
+        """Log row ``i``, then record the checkpoint taken after iteration ``i``: in this order a run killed in
+        between resumes from the checkpoint before and logs row ``i`` again, instead of never logging it."""
+        self.ml_logger.log_metrics(metrics, step=i)
+        if checkpoint is not None:
+            await checkpoint.finish_async()
 
     def log_transcript(self, i: int, groups_P: list[TrajectoryGroup], builders_P: list[EnvGroupBuilder]) -> None:
         write_transcript(iteration_dir(self.cfg.log_path, i) / "train.html", f"Iteration {i}", groups_P, builders_P,
                          self.tokenizer, self.cfg.num_groups_to_log)
 
 
-async def _create_training_client(cfg: Config, service_client: tinker.ServiceClient
-                                  ) -> tuple[tinker.TrainingClient, int, dict[str, Any] | None]:
-    """The training client (resumed, from ``load_checkpoint_path``, or fresh), its start batch and last row."""
-    last = checkpoint_utils.get_last_checkpoint(cfg.log_path)
+def _start_batch(row: dict[str, Any] | None) -> int:
+    """The first iteration to run: the number of iterations the resumed checkpoint was saved after."""
+    if row is None:
+        return 0
+    try:
+        return int(row["batch"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint row {row} has no valid 'batch' to resume from") from exc
+
+
+async def _create_training_client(cfg: Config, service_client: tinker.ServiceClient,
+                                  resume_row: dict[str, Any] | None) -> tinker.TrainingClient:
+    """The training client: resumed from ``resume_row``, from ``load_checkpoint_path``, or fresh."""
     metadata = checkpoint_utils.renderer_user_metadata(cfg.renderer_name)
-    if last is not None:
-        checkpoint_utils.check_renderer_name_for_checkpoint(service_client, last["state_path"], cfg.renderer_name)
-        logger.info("resuming from %s (batch %d)", last["state_path"], last["batch"])
-        client = await service_client.create_training_client_from_state_with_optimizer_async(
-            last["state_path"], user_metadata=metadata)
-        return client, int(last["batch"]), last
+    if resume_row is not None:
+        checkpoint_utils.check_renderer_name_for_checkpoint(service_client, resume_row["state_path"],
+                                                            cfg.renderer_name)
+        logger.info("resuming from %s (batch %d)", resume_row["state_path"], resume_row["batch"])
+        return await service_client.create_training_client_from_state_with_optimizer_async(
+            resume_row["state_path"], user_metadata=metadata)
     if cfg.load_checkpoint_path is not None:
         checkpoint_utils.check_renderer_name_for_checkpoint(service_client, cfg.load_checkpoint_path,
                                                             cfg.renderer_name)
-        client = await service_client.create_training_client_from_state_async(cfg.load_checkpoint_path,
-                                                                             user_metadata=metadata)
-        return client, 0, None
-    client = await service_client.create_lora_training_client_async(cfg.model_name, rank=cfg.lora_rank,
-                                                                    seed=cfg.seed, user_metadata=metadata)
-    return client, 0, None
+        return await service_client.create_training_client_from_state_async(cfg.load_checkpoint_path,
+                                                                            user_metadata=metadata)
+    return await service_client.create_lora_training_client_async(cfg.model_name, rank=cfg.lora_rank,
+                                                                   seed=cfg.seed, user_metadata=metadata)
 
 
 def _reference_client(cfg: Config, service_client: tinker.ServiceClient) -> tinker.SamplingClient | None:
@@ -236,20 +290,18 @@ def _reference_client(cfg: Config, service_client: tinker.ServiceClient) -> tink
 
 async def _build_context(cfg: Config) -> RunContext | None:
     """Set up logging, clients, data and evaluators; None when the run in ``log_path`` already finished."""
-    check_log_dir(cfg.log_path, cfg.behavior_if_log_dir_exists)
-    ml_logger = ml_log.setup_logging(cfg.log_path, cfg.wandb_project, cfg.wandb_name, config=cfg)
-    service_client = tinker.ServiceClient(base_url=cfg.base_url)
-    training_client, start_batch, last = await _create_training_client(cfg, service_client)
+    resume = checkpoint_utils.resume_point(cfg.log_path, cfg.behavior_if_log_dir_exists, cfg)
     dataset, test_dataset = await cfg.dataset_builder()
+    start_batch = _start_batch(resume.row)
     end_batch = len(dataset) if cfg.max_steps is None else min(len(dataset), cfg.max_steps)
     if end_batch == 0:
         raise ConfigurationError(f"the dataset has no batches (len={len(dataset)}, max_steps={cfg.max_steps}); "
                                  "make it at least batch_size problems long or raise max_steps")
-    if last is not None and last.get("final") and start_batch >= end_batch:
-        logger.info("the run in %s already finished (final checkpoint at batch %d); nothing to do",
-                    cfg.log_path, start_batch)
-        ml_logger.close()
+    if not resume.begin(start_batch, end_batch):
         return None
+    ml_logger = ml_log.setup_logging(cfg.log_path, cfg.wandb_project, cfg.wandb_name, config=cfg)
+    service_client = tinker.ServiceClient(base_url=cfg.base_url)
+    training_client = await _create_training_client(cfg, service_client, resume.row)
     evaluators = [builder() for builder in cfg.evaluator_builders]
     if test_dataset is not None:
         evaluators.append(RLTestSetEvaluator(test_dataset, cfg.max_tokens, temperature=cfg.temperature))
@@ -372,9 +424,9 @@ async def _run_iteration(ctx: RunContext, i: int, sampling_client: tinker.Sampli
     metrics.update(compute_trajectory_metrics(rollout.groups_P, [b.logging_tags() for b in rollout.builders_P]))
     metrics.update(train_metrics)
     ctx.log_transcript(i, rollout.groups_P, rollout.builders_P)
-    next_client = await ctx.next_sampler(i, metrics)
+    next_client, checkpoint = await ctx.next_sampler(i, metrics)
     metrics["time/total"] = time.perf_counter() - start
-    ctx.ml_logger.log_metrics(metrics, step=i)
+    await ctx.log_row(i, metrics, checkpoint)
     return next_client
 
 

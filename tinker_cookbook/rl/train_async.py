@@ -165,11 +165,12 @@ class _AsyncRun:
             if batch is None:
                 break
             await self.train_step(step, batch, metrics)
-            self.sampler = _Sampler(await self.ctx.next_sampler(step, metrics), step + 1)
+            next_client, checkpoint = await self.ctx.next_sampler(step, metrics)
+            self.sampler = _Sampler(next_client, step + 1)
             for _ in batch:
                 self.slots.release()
             metrics["time/total"] = time.perf_counter() - start
-            self.ctx.ml_logger.log_metrics(metrics, step=step)
+            await self.ctx.log_row(step, metrics, checkpoint)
         return self.sampler.client
 
 

@@ -161,9 +161,13 @@ class FromConversationFileBuilder(ChatDatasetBuilder):
     """
 
     file_path: str
+    """The JSONL file."""
     test_size: int = 0
+    """Conversations held out as the test set (0: none)."""
     shuffle_seed: int = 0
+    """Seed of the shuffle before the test rows are split off."""
     on_invalid_line: InvalidRowPolicy = "raise"
+    """``raise``: stop at the first line that cannot train, naming it; ``skip``: warn and leave it out."""
 
     @chz.validate
     def _check(self) -> None:

@@ -24,9 +24,10 @@ Steps, epochs and checkpoints (see ``checkpoint_utils`` for the file format):
   ``s - 1``'s ``optim_step``, before step ``s`` is queued. Its row is written once the save has completed.
   The run ends with a checkpoint named ``final`` (``"final": true``) or, when stopped by ``max_steps``, one
   named after its step.
-- Resuming (``behavior_if_log_dir_exists=resume``, or answering "resume") loads the last row with a
-  ``state_path`` with its optimizer state, drops ``metrics.jsonl`` rows from that step on (they are recomputed),
-  and continues from that row's (epoch, batch). A finished run is left alone.
+- Resuming (``behavior_if_log_dir_exists=resume``, or answering "resume"; ``checkpoint_utils.resume_point``, shared
+  with the RL loop) loads the last row with a ``state_path`` with its optimizer state, drops ``metrics.jsonl`` rows
+  from that step on (they are recomputed), and continues from that row's (epoch, batch). A finished run is left
+  alone; a log dir that holds a run of another model or dataset is refused.
 """
 
 from __future__ import annotations
@@ -52,50 +53,72 @@ from tinker_cookbook.utils.misc_utils import timed
 
 logger = logging.getLogger(__name__)
 
-# A run in log_path can only be resumed by a config that agrees on these (they define what is being trained).
-RESUME_IDENTITY_KEYS = ("model_name", "dataset_builder", "lora_rank", "renderer_name", "load_checkpoint_path")
-
 
 @chz.chz
 class Config:
     """Supervised fine-tuning of a LoRA adapter."""
 
     log_path: str
+    """Where the run writes metrics.jsonl, checkpoints.jsonl, config.json and logs.log."""
     model_name: str
+    """The base model the LoRA adapter is trained on."""
     dataset_builder: SupervisedDatasetBuilder
+    """Builds the train (and optional test) dataset."""
     recipe_name: str | None = None
+    """Recorded in config.json: which recipe started the run."""
     load_checkpoint_path: str | None = None
     """Start from these weights (a ``tinker://.../weights/...`` path) with a fresh optimizer."""
     renderer_name: str | None = None
     """Recorded in the run's metadata so that later tools render prompts the same way."""
 
     learning_rate: float = 1e-4
+    """Peak learning rate of AdamW (``hyperparam_utils.get_lr`` suggests one per model)."""
     lr_schedule: LRSchedule = "linear"
+    """How the learning rate decays over the planned run."""
     lr_warmup_steps: int = 0
+    """Steps of linear warm-up before the schedule."""
     num_epochs: int = 1
+    """Passes over the training data."""
     max_steps: int | None = None
+    """Stop after this many steps without changing the schedule (None: the whole run); rerun with more to go on."""
     lora_rank: int = 32
+    """Rank of the LoRA adapter."""
     seed: int = 0
     """Seed of the LoRA initialisation."""
     adam_beta1: float = 0.9
+    """AdamW beta1."""
     adam_beta2: float = 0.95
+    """AdamW beta2."""
     adam_eps: float = 1e-8
+    """AdamW epsilon."""
     weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
     grad_clip_norm: float = 0.0
+    """Clip the gradient to this global norm (0: no clipping)."""
 
     evaluator_builders: list[EvaluatorBuilder] = chz.field(default_factory=list)
+    """Evaluators run every ``eval_every`` steps (the test set's NLL is always one when there is a test set)."""
     infrequent_evaluator_builders: list[EvaluatorBuilder] = chz.field(default_factory=list)
+    """Evaluators run every ``infrequent_eval_every`` steps."""
     eval_every: int = 10
+    """Steps between evaluations (0: never)."""
     infrequent_eval_every: int = 100
+    """Steps between infrequent evaluations (0: never)."""
     save_every: int = 20
+    """Steps between checkpoints (0: only at the end); a rerun resumes from the last one."""
     ttl_seconds: int | None = None
     """Expiry of periodic checkpoints (None: kept); the final checkpoint never expires."""
 
     base_url: str | None = None
+    """The service to train on (None: the local engine)."""
     wandb_project: str | None = None
+    """Also log to this Weights & Biases project (None: no wandb)."""
     wandb_name: str | None = None
+    """The wandb run name."""
     behavior_if_log_dir_exists: cli_utils.LogdirBehavior = "ask"
+    """When log_path holds a run: resume it, delete it, raise, or ask (raise when stdin is not a terminal)."""
     num_examples_to_show: int = 1
+    """Training datums printed at the start, trained tokens highlighted."""
 
     @chz.validate
     def _check(self) -> None:
@@ -175,18 +198,6 @@ def make_plan(config: Config, n_batches: int, resume_row: dict[str, Any] | None)
 # ---------------------------------------------------------------------------------------------------------
 # Setup helpers
 # ---------------------------------------------------------------------------------------------------------
-
-
-def _resume_row(config: Config) -> dict[str, Any] | None:
-    """The checkpoint row to resume from (None: start fresh), after applying the log-dir policy."""
-    decision = cli_utils.check_log_dir(config.log_path, config.behavior_if_log_dir_exists)
-    if decision == "fresh":
-        return None
-    checkpoint_utils.check_config_compatible(config.log_path, ml_log.dump_config(config), RESUME_IDENTITY_KEYS)
-    row = checkpoint_utils.get_last_checkpoint(config.log_path, required_key="state_path")
-    if row is None:
-        logger.info("%s has no complete checkpoint yet: starting from step 0", config.log_path)
-    return row
 
 
 def _create_training_client(
@@ -410,19 +421,12 @@ async def _finish_run(
 
 async def main(config: Config) -> None:
     """Train per ``config``; see the module docstring for steps, checkpoints and resuming."""
-    resume_row = _resume_row(config)
+    resume = checkpoint_utils.resume_point(config.log_path, config.behavior_if_log_dir_exists, config)
+    resume_row = resume.row
     train_dataset, test_dataset = config.dataset_builder()
     plan = make_plan(config, len(train_dataset), resume_row)
-    if plan.start_step >= plan.end_step:
-        logger.info(
-            "%s: the run already reached step %d (checkpoint %r); nothing to do. Raise max_steps or num_epochs to "
-            "train further, or pass behavior_if_log_dir_exists=delete to start over",
-            config.log_path, plan.start_step, resume_row.get("name") if resume_row else None,
-        )
-        print(f"Nothing to do: the run in {config.log_path} already reached step {plan.start_step}.")
+    if not resume.begin(plan.start_step, plan.end_step):
         return
-    # Rows from the resumed step on belong to the interrupted attempt; this run recomputes them.
-    ml_log.truncate_metrics(config.log_path, keep_below_step=plan.start_step)
     ml_logger = ml_log.setup_logging(config.log_path, config.wandb_project, config.wandb_name, config=config)
     try:
         service_client = tinker.ServiceClient(base_url=config.base_url)
@@ -444,4 +448,4 @@ def cli_main(config: Config) -> None:
 
 
 if __name__ == "__main__":
-    chz.nested_entrypoint(cli_main)
+    cli_utils.run_recipe(cli_main)

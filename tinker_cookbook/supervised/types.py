@@ -48,11 +48,13 @@ class ChatDatasetBuilderCommonConfig:
     """What every chat dataset needs to turn conversations into datums."""
 
     model_name_for_tokenizer: str
+    """Whose tokenizer renders the conversations."""
     renderer_name: str | None = None
     """None: the renderer recommended for ``model_name_for_tokenizer``."""
     max_length: int | None = None
     """Sequences longer than this many tokens are cut (None: no limit)."""
     batch_size: int
+    """Conversations per training step."""
     train_on_what: str | None = None
     """A ``renderers.TrainOnWhat`` value; None means the dataset's own default."""
 
@@ -86,6 +88,7 @@ class ChatDatasetBuilder(SupervisedDatasetBuilder):
     """A dataset builder over chat conversations, rendered with the configured renderer."""
 
     common_config: ChatDatasetBuilderCommonConfig
+    """Tokenizer, renderer, length limit and batch size (what every chat dataset needs)."""
 
     @property
     def renderer_name(self) -> str:
