@@ -100,7 +100,7 @@ def run_engine(weights: Any, tokenizer: Any, prompts: list[list[int]], samples: 
 def mismatch(model: Any, prompts: list[list[int]], responses: list[Any]) -> dict[str, float]:
     """Sampler logprobs (q) vs an fp32 HF forward (p) of the same tokens."""
     deltas = []
-    for prompt, response in zip(prompts, responses):
+    for prompt, response in zip(prompts, responses, strict=True):
         for sequence in response.sequences:
             with torch.inference_mode():
                 logits = (

@@ -114,11 +114,10 @@ def matmul_peak_gflops() -> float:
 
 
 def param_count(model: str) -> int:
-    from tinker_cookbook.engine.models import load_model_config
-
     import torch
-
     from transformers import AutoModelForCausalLM
+
+    from tinker_cookbook.engine.models import load_model_config
 
     config = load_model_config(model)
     with torch.device("meta"):

@@ -28,7 +28,9 @@ from tinker_cookbook.cli_utils import LogdirBehavior, run_recipe
 from tinker_cookbook.perf_env import reexec_with_fast_malloc
 from tinker_cookbook.utils import ml_log
 
-FEWSHOT = [{"role": "user", "content": "What is 4 + 5?"}, {"role": "assistant", "content": "9"}]
+FEWSHOT: list[renderers.Message] = [
+    {"role": "user", "content": "What is 4 + 5?"}, {"role": "assistant", "content": "9"},
+]
 
 
 @chz.chz

@@ -40,7 +40,7 @@ def _datum(tokens: list[int], weights: list[float] | None = None) -> types.Datum
 def _batch(seed: int = 0, n: int = 3) -> list[types.Datum]:
     rng = np.random.default_rng(seed)
     data = []
-    for i in range(n):
+    for _ in range(n):
         length = int(rng.integers(5, 12))
         tokens = rng.integers(3, 2000, size=length).tolist()
         weights = [0.0] * 2 + [1.0] * (length - 3)
