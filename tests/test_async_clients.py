@@ -156,6 +156,6 @@ def test_rl_next_sampler_keeps_rollouts_running(service, training_client, weight
                      dataset=None, evaluators=[], reference_client=None, ml_logger=None,  # type: ignore[arg-type]
                      tokenizer=None, start_batch=0, end_batch=5)
     metrics: dict[str, float] = {}
-    sampler = asyncio.run(weights_gate.run(lambda: ctx.next_sampler(0, metrics)))
-    assert (sampler.model_path is not None) == (save_every == 1)
+    sampler, pending = asyncio.run(weights_gate.run(lambda: ctx.next_sampler(0, metrics)))
+    assert (sampler.model_path is not None) == (save_every == 1) == (pending is not None)
     assert "time/save" in metrics
