@@ -202,7 +202,7 @@ def test_unknown_model_path_is_a_clear_error():
 
 
 def test_unknown_base_model_is_a_clear_error():
-    with pytest.raises(ConfigurationError, match="'NoSuchOrg/NoSuchModel-1B'.*not available"):
+    with pytest.raises(ConfigurationError, match=r"'NoSuchOrg/NoSuchModel-1B'.*not available"):
         get_model(f"{PROVIDER_NAME}/NoSuchOrg/NoSuchModel-1B", memoize=False)
 
 

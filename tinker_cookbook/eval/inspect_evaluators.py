@@ -17,9 +17,11 @@ name such as ``inspect_evals/ifeval`` (needs the ``inspect_evals`` package and i
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,19 +88,23 @@ def _generate_args(cfg: InspectEvaluatorBuilder) -> dict[str, Any]:
     return {key: value for key, value in values.items() if value is not None}
 
 
-def _check_task_specs(tasks: list[str]) -> None:
-    """Fail early, with the fix, on a task file that does not exist or a task package that is not installed.
+def task_specs_for_inspect(tasks: list[str]) -> list[str]:
+    """``tasks`` as Inspect accepts them, failing early (with the fix) on a missing task file or task package.
 
-    Inspect would report both as "no inspect tasks were found".
+    Inspect reports both as "no inspect tasks were found", and it only takes task files by relative path, so a
+    file given by absolute or ``~`` path is passed relative to the working directory.
     """
+    specs = []
     for spec in tasks:
-        path = spec.split("@", 1)[0]
+        path, at, name = spec.partition("@")
         if path.endswith(TASK_FILE_SUFFIXES):
-            if not Path(path).expanduser().exists():
+            file = Path(path).expanduser()
+            if not file.exists():
                 raise ConfigurationError(
                     f"task file {path!r} does not exist (relative to {os.getcwd()}); pass a path to an Inspect "
                     "task file such as example-data/evals/contact_cards.py"
                 )
+            spec = os.path.relpath(file) + at + name
         elif "/" in spec and "." not in spec:
             package = spec.split("/", 1)[0]
             if importlib.util.find_spec(package) is None:
@@ -108,6 +114,8 @@ def _check_task_specs(tasks: list[str]) -> None:
                     "download their datasets, so they need network access; offline, use the project's tasks in "
                     "example-data/evals/"
                 )
+        specs.append(spec)
+    return specs
 
 
 def metrics_from_logs(logs: list[Any], prefix: str = DEFAULT_METRIC_PREFIX) -> dict[str, float]:
@@ -153,14 +161,15 @@ class InspectEvaluator(SamplingClientEvaluator):
         import inspect_ai
 
         cfg = self.config
-        _check_task_specs(cfg.tasks)
+        tasks = task_specs_for_inspect(cfg.tasks)
         _quiet_inspect_display()
         try:
-            logs = await inspect_ai.eval_async(
-                cfg.tasks, model=self._model(sampling_client), limit=cfg.limit, epochs=cfg.epochs,
-                log_dir=str(Path(cfg.log_dir).expanduser()), log_level=cfg.log_level, metadata=cfg.metadata,
-                score_display=False, ctl_server=False, **_generate_args(cfg),
-            )
+            with _root_logging_kept():
+                logs = await inspect_ai.eval_async(
+                    tasks, model=self._model(sampling_client), limit=cfg.limit, epochs=cfg.epochs,
+                    log_dir=str(Path(cfg.log_dir).expanduser()), log_level=cfg.log_level, metadata=cfg.metadata,
+                    score_display=False, ctl_server=False, **_generate_args(cfg),
+                )
         except (ConfigurationError, EvalError):
             raise
         except Exception as exc:  # Inspect's own errors (a task that fails to load, a dataset download, ...)
@@ -179,6 +188,24 @@ def _hub_hint(tasks: list[str]) -> str:
         return ""
     return (f". {hub} download their datasets from the hub, so they need network access; offline, use the "
             "project's tasks in example-data/evals/")
+
+
+@contextlib.contextmanager
+def _root_logging_kept() -> Iterator[None]:
+    """Undo Inspect's changes to the root logger when the eval ends.
+
+    The first ``eval_async`` of a process sets the root level to its console level (WARNING) and adds its own
+    handler to the root logger: the training loop's INFO lines in ``logs.log`` would stop, and its warnings would
+    be printed twice. Inspect's handler stays on Inspect's own loggers.
+    """
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
 
 
 def _quiet_inspect_display() -> None:

@@ -23,7 +23,11 @@ from typing import Any
 import chz
 
 from tinker_cookbook.cli_utils import run_recipe
-from tinker_cookbook.eval.inspect_evaluators import InspectEvaluator, InspectEvaluatorBuilder, metrics_from_logs
+from tinker_cookbook.eval.inspect_evaluators import (
+    InspectEvaluator,
+    InspectEvaluatorBuilder,
+    metrics_from_logs,
+)
 from tinker_cookbook.exceptions import ConfigurationError
 from tinker_cookbook.perf_env import reexec_with_fast_malloc
 
