@@ -129,3 +129,18 @@ def test_the_training_loggers_keep_their_level_and_handlers(tmp_path):
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[-2:] == ["INFO", "True"]
+
+
+def test_llm_judge_task_with_a_tinker_grader_model(tmp_path):
+    # the docs' LLM-as-judge task: the grader is InspectAPIFromTinkerSampling built directly and wrapped in a Model
+    sampling_client = tinker.ServiceClient().create_sampling_client(base_model=TINY)
+    task = str(REPO / "example-data" / "evals" / "capitals_judge.py")
+    evaluator = InspectEvaluatorBuilder(tasks=[task], task_args={"grader_model": TINY}, limit=2, max_tokens=3,
+                                       log_dir=str(tmp_path / "logs"))()
+    metrics = asyncio.run(evaluator(sampling_client))
+    assert set(metrics) == {"inspect/capitals_judge/model_graded_qa/accuracy",
+                            "inspect/capitals_judge/model_graded_qa/stderr"}
+    [log] = evaluator.last_logs
+    # per sample: the evaluated model answers, then the grader model grades (both tiny-smollm2 here)
+    for sample in log.samples:
+        assert [e.model for e in sample.events if e.event == "model"] == [f"tinker-cookbook/{TINY}"] * 2

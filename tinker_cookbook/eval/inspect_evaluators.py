@@ -55,6 +55,8 @@ class InspectEvaluatorBuilder:
     top_k: int | None = None
     seed: int | None = None
     num_choices: int | None = None
+    task_args: dict[str, str] | None = None
+    """Arguments of the task functions (``inspect eval -T``), e.g. ``task_args.grader_model=...``."""
     limit: int | None = None
     """Samples per task (None: all)."""
     epochs: int | None = None
@@ -65,6 +67,8 @@ class InspectEvaluatorBuilder:
     verbose: bool = False
     log_level: str = "warning"
     """Inspect's console log level."""
+    debug_errors: bool = False
+    """Raise a sample's exception at once instead of recording it in Inspect's log (the eval fails either way)."""
     metric_prefix: str = DEFAULT_METRIC_PREFIX
     metadata: dict[str, str] | None = None
     """Stored in each Inspect log."""
@@ -148,13 +152,15 @@ class InspectEvaluator(SamplingClientEvaluator):
         from tinker_cookbook.eval.inspect_utils import DEFAULT_MAX_CONNECTIONS, InspectAPIFromTinkerSampling
 
         cfg = self.config
+        max_connections = cfg.max_connections or DEFAULT_MAX_CONNECTIONS
         api = InspectAPIFromTinkerSampling(
             model_name=cfg.model_name, renderer_name=cfg.renderer_name, sampling_client=sampling_client,
-            model_path=self.model_path,
-            verbose=cfg.verbose, include_reasoning=cfg.include_reasoning,
-            max_connections=cfg.max_connections or DEFAULT_MAX_CONNECTIONS,
+            model_path=self.model_path, verbose=cfg.verbose, include_reasoning=cfg.include_reasoning,
+            max_connections=max_connections,
         )
-        return Model(api, GenerateConfig())
+        # A fixed max_connections: Inspect's default adaptive concurrency starts at 20 requests and backs off on
+        # errors, which suits rate-limited services; the local sampler batches whatever it gets.
+        return Model(api, GenerateConfig(max_connections=max_connections))
 
     async def run(self, sampling_client: tinker.SamplingClient) -> list[Any]:
         """Run the tasks and return Inspect's ``EvalLog`` per task (also kept in ``last_logs``)."""
@@ -166,9 +172,10 @@ class InspectEvaluator(SamplingClientEvaluator):
         try:
             with _root_logging_kept():
                 logs = await inspect_ai.eval_async(
-                    tasks, model=self._model(sampling_client), limit=cfg.limit, epochs=cfg.epochs,
+                    tasks, model=self._model(sampling_client), task_args=dict(cfg.task_args or {}),
+                    limit=cfg.limit, epochs=cfg.epochs,
                     log_dir=str(Path(cfg.log_dir).expanduser()), log_level=cfg.log_level, metadata=cfg.metadata,
-                    score_display=False, ctl_server=False, **_generate_args(cfg),
+                    debug_errors=cfg.debug_errors, score_display=False, ctl_server=False, **_generate_args(cfg),
                 )
         except (ConfigurationError, EvalError):
             raise
