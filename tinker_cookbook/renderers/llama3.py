@@ -56,7 +56,7 @@ class Llama3Renderer(Renderer):
     def render_message(self, message: Message, ctx: RenderContext) -> RenderedMessage:
         return RenderedMessage(
             header=self.text_chunks(f"{START_HEADER}{message['role']}{END_HEADER}\n\n"),
-            output=self.text_chunks(get_text_content(message) + EOT),
+            output=[self.content_chunk("", get_text_content(message), EOT)],
         )
 
     def get_stop_sequences(self) -> list[int]:

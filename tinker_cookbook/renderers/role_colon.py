@@ -35,7 +35,7 @@ class RoleColonRenderer(Renderer):
 
     def render_message(self, message: Message, ctx: RenderContext) -> RenderedMessage:
         header = self.text_chunks(message["role"].capitalize() + ":")
-        output = self.text_chunks(" " + get_text_content(message) + "\n\n")
+        output = [self.content_chunk(" ", get_text_content(message), "\n\n")]
         # "User:" completes the stop sequence after an assistant message: the model samples it, so train it.
         overlap = self.text_chunks("User:") if message["role"] == "assistant" else []
         return RenderedMessage(header=header, output=output, stop_overlap=overlap)
