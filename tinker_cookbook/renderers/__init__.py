@@ -55,6 +55,14 @@ from tinker_cookbook.renderers.qwen3 import (
     Qwen3VLRenderer,
 )
 from tinker_cookbook.renderers.role_colon import RoleColonRenderer
+from tinker_cookbook.renderers.streaming import (
+    MessageDelta,
+    StreamingMessageComplete,
+    StreamingMessageHeader,
+    StreamingTextDelta,
+    StreamingThinkingDelta,
+    Utf8TokenDecoder,
+)
 from tinker_cookbook.tokenizer_utils import Tokenizer
 
 RendererFactory: TypeAlias = Callable[[Tokenizer, "ImageProcessor | None"], Renderer]
@@ -149,6 +157,7 @@ __all__ = [
     "ImagePart",
     "Llama3Renderer",
     "Message",
+    "MessageDelta",
     "ParseTermination",
     "Qwen3DisableThinkingRenderer",
     "Qwen3InstructRenderer",
@@ -161,12 +170,17 @@ __all__ = [
     "RendererFactory",
     "Role",
     "RoleColonRenderer",
+    "StreamingMessageComplete",
+    "StreamingMessageHeader",
+    "StreamingTextDelta",
+    "StreamingThinkingDelta",
     "TextPart",
     "ThinkingPart",
     "ToolCall",
     "ToolSpec",
     "TrainOnWhat",
     "UnparsedToolCall",
+    "Utf8TokenDecoder",
     "ensure_list",
     "format_content_as_string",
     "get_registered_renderer_names",

@@ -24,7 +24,7 @@ import abc
 import functools
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -61,6 +61,7 @@ from tinker_cookbook.renderers.messages import (  # noqa: F401  (re-exported: th
 from tinker_cookbook.tinker import types
 
 if TYPE_CHECKING:
+    from tinker_cookbook.renderers.streaming import MessageDelta
     from tinker_cookbook.tokenizer_utils import Tokenizer
 
 # ---------------------------------------------------------------------------------------------------------
@@ -201,6 +202,22 @@ class Renderer(abc.ABC):
     @abc.abstractmethod
     def parse_response(self, response: Sequence[int]) -> tuple[Message, ParseTermination]:
         """The assistant message in sampled tokens, and how the response ended."""
+
+    def parse_response_streaming(self, tokens: Iterable[int]) -> Iterator[MessageDelta]:
+        """Parse a response while it is sampled: a header, then reasoning/text deltas, then the final message,
+        equal to ``parse_response`` of the same tokens (see ``renderers.streaming``)."""
+        from tinker_cookbook.renderers.streaming import parse_streaming
+
+        return parse_streaming(self, tokens)
+
+    @property
+    def supports_streaming(self) -> bool:
+        """Every renderer here streams (``parse_response_streaming``)."""
+        return True
+
+    def streaming_fields(self, text: str) -> tuple[str, str]:
+        """(reasoning, visible text) of the decoded text of a response so far, for streaming; plain text here."""
+        return "", text
 
     def generation_suffix(self, role: Role, ctx: RenderContext) -> list[Chunk]:
         """What follows the conversation in a generation prompt: the header of an empty ``role`` message."""

@@ -185,6 +185,10 @@ class Qwen3Renderer(ChatMLRenderer):
         body, termination = self.split_at_stop_token(response)
         return self.parse_text(self.decode(body)), termination
 
+    def streaming_fields(self, text: str) -> tuple[str, str]:
+        message = self.parse_text(text)
+        return get_thinking_content(message) or "", get_text_content(message)
+
     def parse_text(self, text: str) -> Message:
         """An assistant message from decoded text: ``<think>`` -> ThinkingPart, ``<tool_call>`` -> tool calls."""
         thinking: str | None = None

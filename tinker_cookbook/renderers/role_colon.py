@@ -40,6 +40,9 @@ class RoleColonRenderer(Renderer):
         overlap = self.text_chunks("User:") if message["role"] == "assistant" else []
         return RenderedMessage(header=header, output=output, stop_overlap=overlap)
 
+    def streaming_fields(self, text: str) -> tuple[str, str]:
+        return "", text.lstrip()  # the parse strips the reply; the stop string ends the stream before it shows
+
     def get_stop_sequences(self) -> list[str]:
         return [STOP_SEQUENCE]
 
