@@ -12,6 +12,18 @@ The format follows the chat template shipped with the Qwen3 tokenizer, token for
   ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` after the content, and results as
   ``<tool_response>`` blocks in a user turn (consecutive results share one turn);
 - images (VL renderers) as ``<|vision_start|>`` + an ``ImageChunk`` + ``<|vision_end|>``.
+
+Decisions where a format choice is not obvious (tests/renderers/test_renderer_format_decisions.py):
+
+- empty think blocks: ``qwen3_disable_thinking`` prefills ``<think>\n\n</think>\n\n`` in the generation prompt
+  (the template's ``enable_thinking=False``), so in supervised examples that block is prompt (weight 0); with
+  thinking on (``qwen3``) the prompt does not prefill it, the model samples the block itself, and it is trained;
+- Qwen3-VL: no Qwen3-VL template is available offline, so the VL renderers follow the official cookbook and use
+  the Qwen3 formats (``qwen3_vl`` = ``qwen3`` with thinking, ``qwen3_vl_instruct`` = ``qwen3_instruct``), plus
+  images;
+- ``qwen3_instruct``: reasoning in history is dropped (the Qwen3 template drops it too for turns before the last
+  query); training a reply that has reasoning is refused (an Instruct-2507 model never emits ``<think>``);
+- special-token strings in content are plain text (see ``Renderer``).
 """
 
 from __future__ import annotations
