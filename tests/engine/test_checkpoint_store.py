@@ -170,7 +170,8 @@ def test_failed_overwrite_keeps_old(store: CheckpointStore, run_id: str) -> None
         "file:///etc/passwd",
         "/abs/path/weights/x",
         "",
-        "tinker://a:train:17/weights/x",
+        "tinker://a:eval:17/weights/x",  # the hosted "<id>:train:<n>" form is accepted, nothing else after ":"
+        "tinker://a:train:/weights/x",
         "tinker://run/weights/x\n",  # `$` alone would match before a final newline
         "tinker://run/weights/x\r\n",
         "tinker://run\n/weights/x",

@@ -203,12 +203,20 @@ class TrainingSession:
         missing = [k for k in required if k not in datum.loss_fn_inputs]
         if missing:
             raise BadRequestError(f"{where}.loss_fn_inputs lacks {missing} (has {sorted(datum.loss_fn_inputs)})")
+        # target_tokens first: its shape ([n], or [n, k] for k candidate tokens per position) is the shape of the
+        # logprobs and of every other loss input.
+        keys = sorted(required, key=lambda k: k != "target_tokens")
         inputs = {key: self._loss_input(f"{where}.loss_fn_inputs[{key!r}]", key, datum.loss_fn_inputs[key], n)
-                  for key in required}
+                  for key in keys}
+        shape = inputs["target_tokens"].shape if "target_tokens" in inputs else None
+        if shape is not None and any(v.shape != shape for v in inputs.values()):
+            shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in inputs.items())
+            raise BadRequestError(f"{where} has loss inputs of different shapes (model_input has {n} tokens; {shapes}); "
+                                  f"every loss input must have the shape of target_tokens, {list(shape)}")
         return DatumTensors(torch.tensor(tokens, dtype=torch.int64), inputs)
 
     def _loss_input(self, where: str, key: str, td: Any, n: int) -> torch.Tensor:
-        """One loss input as a checked 1-D tensor of ``n`` values."""
+        """One loss input as a checked tensor of shape ``[n]`` (or ``[n, k]``: k candidate tokens per position)."""
         if not isinstance(td, types.TensorData):
             raise BadRequestError(f"{where} is a {type(td).__name__}, not a types.TensorData; pass a list, a numpy "
                                   "array or a torch tensor when building the Datum")
@@ -226,9 +234,10 @@ class TrainingSession:
         except (ValueError, TypeError, OverflowError) as exc:  # data that does not fit its dtype or shape
             raise BadRequestError(f"{where} cannot be read as a {td.dtype} tensor of shape {td.shape} "
                                   f"({type(exc).__name__}: {exc}); give {n} plain numbers") from exc
-        if tensor.dim() != 1 or tensor.shape[0] != n:
+        if tensor.dim() not in (1, 2) or tensor.shape[0] != n or tensor.numel() == 0:
             raise BadRequestError(f"{where} has shape {list(tensor.shape)} but model_input has {n} tokens; each "
-                                  f"loss input must have shape [{n}]")
+                                  f"loss input must have shape [{n}] (or [{n}, k] with k >= 1 candidate tokens "
+                                  "per position, like target_tokens)")
         if key != "target_tokens" and not bool(torch.isfinite(tensor).all()):
             raise BadRequestError(f"{where} holds NaN or inf (or a value beyond the float32 range); all loss inputs "
                                   "must be finite")
@@ -479,8 +488,11 @@ def _short(value: Any, limit: int = 80) -> str:
 
 
 def _chunk_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Logprobs of ``targets`` (shape [s], or [s, k] for k candidates per position), shaped like ``targets``."""
     logits = head(hidden).float()
-    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    index = targets if targets.dim() == 2 else targets[:, None]
+    logp = logits.gather(-1, index) - torch.logsumexp(logits, dim=-1, keepdim=True)
+    return logp if targets.dim() == 2 else logp.squeeze(-1)
 
 
 def _validate_adam(hp: Any) -> None:

@@ -55,6 +55,14 @@ from tinker_cookbook.renderers.qwen3 import (
     Qwen3VLRenderer,
 )
 from tinker_cookbook.renderers.role_colon import RoleColonRenderer
+from tinker_cookbook.renderers.streaming import (
+    MessageDelta,
+    StreamingMessageComplete,
+    StreamingMessageHeader,
+    StreamingTextDelta,
+    StreamingThinkingDelta,
+    Utf8TokenDecoder,
+)
 from tinker_cookbook.tokenizer_utils import Tokenizer
 
 RendererFactory: TypeAlias = Callable[[Tokenizer, "ImageProcessor | None"], Renderer]
@@ -109,12 +117,15 @@ def get_renderer(
     tokenizer: Tokenizer,
     image_processor: ImageProcessor | None = None,
     model_name: str | None = None,
+    special_tokens_in_content: bool = False,
 ) -> Renderer:
     """The renderer called ``name`` for ``tokenizer``.
 
     Vision renderers take ``image_processor``; when it is None and ``model_name`` is given, the model's
     processor is loaded (``image_processing_utils.get_image_processor``). Without either they still render
-    text and raise when asked to render an image.
+    text and raise when asked to render an image. ``special_tokens_in_content=True`` parses special-token strings
+    inside message content as special tokens, as Hugging Face chat templates do (by default content is plain
+    text, so that it cannot forge turn boundaries; see ``Renderer``).
     """
     factory = _custom_renderers.get(name) or BUILTIN_RENDERERS.get(name)
     if factory is None:
@@ -131,7 +142,10 @@ def get_renderer(
         from tinker_cookbook.image_processing_utils import get_image_processor
 
         image_processor = get_image_processor(model_name)
-    return factory(tokenizer, image_processor)
+    renderer = factory(tokenizer, image_processor)
+    if special_tokens_in_content:
+        renderer.special_tokens_in_content = True
+    return renderer
 
 
 __all__ = [
@@ -143,6 +157,7 @@ __all__ = [
     "ImagePart",
     "Llama3Renderer",
     "Message",
+    "MessageDelta",
     "ParseTermination",
     "Qwen3DisableThinkingRenderer",
     "Qwen3InstructRenderer",
@@ -155,12 +170,17 @@ __all__ = [
     "RendererFactory",
     "Role",
     "RoleColonRenderer",
+    "StreamingMessageComplete",
+    "StreamingMessageHeader",
+    "StreamingTextDelta",
+    "StreamingThinkingDelta",
     "TextPart",
     "ThinkingPart",
     "ToolCall",
     "ToolSpec",
     "TrainOnWhat",
     "UnparsedToolCall",
+    "Utf8TokenDecoder",
     "ensure_list",
     "format_content_as_string",
     "get_registered_renderer_names",

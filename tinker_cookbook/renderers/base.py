@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import abc
 import functools
-from collections.abc import Sequence
+import re
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -59,6 +61,7 @@ from tinker_cookbook.renderers.messages import (  # noqa: F401  (re-exported: th
 from tinker_cookbook.tinker import types
 
 if TYPE_CHECKING:
+    from tinker_cookbook.renderers.streaming import MessageDelta
     from tinker_cookbook.tokenizer_utils import Tokenizer
 
 # ---------------------------------------------------------------------------------------------------------
@@ -167,7 +170,20 @@ def _last_index(messages: Sequence[Message], role: str) -> int:
 
 
 class Renderer(abc.ABC):
-    """Messages to tokens (for sampling and training) and sampled tokens back to a message."""
+    """Messages to tokens (for sampling and training) and sampled tokens back to a message.
+
+    Message content is plain text: a special-token string inside it (``<|im_start|>``, ``<|im_end|>``,
+    ``<|eot_id|>``, ...) is tokenized as ordinary text, never as the special token, so text from users, datasets
+    or tools cannot forge a turn boundary (the official cookbook does the same). Only the renderer's own framing
+    produces special tokens. Hugging Face chat templates do map such strings to the special ids; set
+    ``special_tokens_in_content = True`` on a renderer (or pass it to ``get_renderer``) to get exactly that
+    behaviour back, e.g. to reproduce ``apply_chat_template`` on such content. Content without special-token
+    strings is tokenized the same either way.
+    """
+
+    special_tokens_in_content: bool = False
+    """Opt-out of plain-text content: True parses special-token strings in content as special tokens (HF's
+    ``apply_chat_template`` behaviour)."""
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
@@ -186,6 +202,22 @@ class Renderer(abc.ABC):
     @abc.abstractmethod
     def parse_response(self, response: Sequence[int]) -> tuple[Message, ParseTermination]:
         """The assistant message in sampled tokens, and how the response ended."""
+
+    def parse_response_streaming(self, tokens: Iterable[int]) -> Iterator[MessageDelta]:
+        """Parse a response while it is sampled: a header, then reasoning/text deltas, then the final message,
+        equal to ``parse_response`` of the same tokens (see ``renderers.streaming``)."""
+        from tinker_cookbook.renderers.streaming import parse_streaming
+
+        return parse_streaming(self, tokens)
+
+    @property
+    def supports_streaming(self) -> bool:
+        """Every renderer here streams (``parse_response_streaming``)."""
+        return True
+
+    def streaming_fields(self, text: str) -> tuple[str, str]:
+        """(reasoning, visible text) of the decoded text of a response so far, for streaming; plain text here."""
+        return "", text
 
     def generation_suffix(self, role: Role, ctx: RenderContext) -> list[Chunk]:
         """What follows the conversation in a generation prompt: the header of an empty ``role`` message."""
@@ -251,7 +283,44 @@ class Renderer(abc.ABC):
         return ids
 
     def text_chunk(self, text: str) -> types.EncodedTextChunk:
+        """``text`` as the renderer's own framing: special-token strings in it become special tokens."""
         return types.EncodedTextChunk(tokens=self.encode(text))
+
+    def content_chunk(self, before: str, content: str, after: str = "") -> types.EncodedTextChunk:
+        """Framing ``before`` + message ``content`` + framing ``after``, tokenized as one string except that
+        special-token strings inside ``content`` stay plain text (see the class docstring)."""
+        return self.framed_chunk((before, False), (content, True), (after, False))
+
+    def framed_chunk(self, *pieces: tuple[str, bool]) -> types.EncodedTextChunk:
+        """One chunk of ``(text, is_content)`` pieces, tokenized as their concatenation, with special-token
+        strings parsed in the framing pieces only.
+
+        Exact because a tokenizer first splits its input at special tokens and encodes the text between them
+        independently: this does the same split, but only at the special tokens of framing pieces.
+        """
+        text = "".join(piece for piece, _ in pieces)
+        specials = _special_tokens(self.tokenizer)
+        if (
+            self.special_tokens_in_content
+            or specials.pattern is None
+            or not any(is_content and specials.pattern.search(piece) for piece, is_content in pieces)
+        ):
+            return self.text_chunk(text)  # nothing to protect: the ordinary (cached) encoding
+        assert specials.pattern is not None
+        ids: list[int] = []
+        pending = ""
+        for piece, is_content in pieces:
+            if is_content:
+                pending += piece
+                continue
+            start = 0
+            for match in specials.pattern.finditer(piece):
+                ids += _encode_plain(self.tokenizer, pending + piece[start : match.start()])
+                ids.append(specials.ids[match.group()])
+                pending, start = "", match.end()
+            pending += piece[start:]
+        ids += _encode_plain(self.tokenizer, pending)
+        return types.EncodedTextChunk(tokens=ids)
 
     def text_chunks(self, *pieces: str) -> list[Chunk]:
         """One chunk per non-empty piece; each piece is tokenized on its own (see the module docstring)."""
@@ -332,7 +401,7 @@ class Renderer(abc.ABC):
         )
         chunks += self.generation_suffix(role, suffix_ctx)
         if prefill:
-            chunks.append(self.text_chunk(prefill))
+            chunks.append(self.content_chunk("", prefill))  # the start of the message: content, plain text
         return assemble_model_input(chunks)
 
     def build_supervised_example(
@@ -464,6 +533,55 @@ class Renderer(abc.ABC):
 
     def decode(self, tokens: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(tokens), skip_special_tokens=False))
+
+
+@dataclass(frozen=True)
+class _SpecialTokens:
+    pattern: re.Pattern[str] | None
+    """Matches any special-token string (longest first); None when the tokenizer has none."""
+    ids: dict[str, int]
+
+
+# Per tokenizer object (tokenizers are cached and shared): its special tokens, and a copy of its Rust tokenizer
+# that encodes special-token strings as text. A copy, because the flag lives on the tokenizer and transformers
+# itself sets it on the shared one.
+_SPECIALS: dict[int, tuple[Any, _SpecialTokens]] = {}
+_PLAIN_BACKENDS: dict[int, tuple[Any, Any]] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def _special_tokens(tokenizer: Tokenizer) -> _SpecialTokens:
+    with _CACHE_LOCK:
+        cached = _SPECIALS.get(id(tokenizer))
+        if cached is not None and cached[0] is tokenizer:
+            return cached[1]
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        ids = {tok.content: int(i) for i, tok in added.items() if getattr(tok, "special", False) and tok.content}
+        pattern = (
+            re.compile("|".join(re.escape(s) for s in sorted(ids, key=len, reverse=True))) if ids else None
+        )
+        specials = _SpecialTokens(pattern, ids)
+        _SPECIALS[id(tokenizer)] = (tokenizer, specials)
+        return specials
+
+
+def _encode_plain(tokenizer: Tokenizer, text: str) -> list[int]:
+    """Token ids of ``text`` with special-token strings encoded as ordinary text."""
+    if not text:
+        return []
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:  # a slow (Python) tokenizer: it has a per-call switch
+        return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+    with _CACHE_LOCK:
+        cached = _PLAIN_BACKENDS.get(id(tokenizer))
+        if cached is None or cached[0] is not tokenizer:
+            from tokenizers import Tokenizer as RustTokenizer
+
+            plain = RustTokenizer.from_str(backend.to_str())
+            plain.encode_special_tokens = True
+            cached = (tokenizer, plain)
+            _PLAIN_BACKENDS[id(tokenizer)] = cached
+    return list(cached[1].encode(text, add_special_tokens=False).ids)
 
 
 _ENCODE_CACHE_MAX_CHARS = 48

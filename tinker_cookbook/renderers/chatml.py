@@ -67,7 +67,7 @@ class ChatMLRenderer(Renderer):
     def render_message(self, message: Message, ctx: RenderContext) -> RenderedMessage:
         return RenderedMessage(
             header=self.text_chunks(self.header_text(message["role"], ctx)),
-            output=self.text_chunks(get_text_content(message) + IM_END),
+            output=[self.content_chunk("", get_text_content(message), IM_END)],
         )
 
     def get_stop_sequences(self) -> list[int]:

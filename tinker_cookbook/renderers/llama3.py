@@ -2,7 +2,9 @@
 
 ``<|begin_of_text|>`` then, per message, ``<|start_header_id|>{role}<|end_header_id|>\\n\\n{content}<|eot_id|>``;
 generation stops on ``<|eot_id|>``. Unlike Meta's own template this adds no "Cutting Knowledge Date" system
-preamble (put one in a system message if you want it), and it has no tool-calling format.
+preamble (put one in a system message if you want it), and it has no tool-calling format: a conversation with tool
+calls, tool results or reasoning is refused with a RendererError rather than rendered without them (no Llama-3 chat
+template is available offline to copy a format from, and the official cookbook has none for this renderer either).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class Llama3Renderer(Renderer):
     def render_message(self, message: Message, ctx: RenderContext) -> RenderedMessage:
         return RenderedMessage(
             header=self.text_chunks(f"{START_HEADER}{message['role']}{END_HEADER}\n\n"),
-            output=self.text_chunks(get_text_content(message) + EOT),
+            output=[self.content_chunk("", get_text_content(message), EOT)],
         )
 
     def get_stop_sequences(self) -> list[int]:

@@ -12,6 +12,18 @@ The format follows the chat template shipped with the Qwen3 tokenizer, token for
   ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` after the content, and results as
   ``<tool_response>`` blocks in a user turn (consecutive results share one turn);
 - images (VL renderers) as ``<|vision_start|>`` + an ``ImageChunk`` + ``<|vision_end|>``.
+
+Decisions where a format choice is not obvious (tests/renderers/test_renderer_format_decisions.py):
+
+- empty think blocks: ``qwen3_disable_thinking`` prefills ``<think>\n\n</think>\n\n`` in the generation prompt
+  (the template's ``enable_thinking=False``), so in supervised examples that block is prompt (weight 0); with
+  thinking on (``qwen3``) the prompt does not prefill it, the model samples the block itself, and it is trained;
+- Qwen3-VL: no Qwen3-VL template is available offline, so the VL renderers follow the official cookbook and use
+  the Qwen3 formats (``qwen3_vl`` = ``qwen3`` with thinking, ``qwen3_vl_instruct`` = ``qwen3_instruct``), plus
+  images;
+- ``qwen3_instruct``: reasoning in history is dropped (the Qwen3 template drops it too for turns before the last
+  query); training a reply that has reasoning is refused (an Instruct-2507 model never emits ``<think>``);
+- special-token strings in content are plain text (see ``Renderer``).
 """
 
 from __future__ import annotations
@@ -120,7 +132,7 @@ class Qwen3Renderer(ChatMLRenderer):
     def content_chunks(self, message: Message, before: str = "", after: str = "") -> list[Chunk]:
         """A user/system/tool message's content between ``before`` and ``after`` (text only here; the VL
         renderers add images). Adjacent text is tokenized as one piece, as in the template's string."""
-        return self.text_chunks(before + get_text_content(message) + after)
+        return [self.content_chunk(before, get_text_content(message), after)]
 
     def _render_tool_result(self, message: Message, ctx: RenderContext) -> RenderedMessage:
         prev_is_tool = ctx.prev_message is not None and ctx.prev_message["role"] == "tool"
@@ -148,12 +160,16 @@ class Qwen3Renderer(ChatMLRenderer):
 
     def _assistant_output(self, message: Message, ctx: RenderContext) -> list[Chunk]:
         thinking, text = self.split_thinking(message)
-        think_block = ""
+        chunks: list[Chunk] = []
         if self.shows_thinking(thinking, ctx):
-            think_block = f"{THINK_OPEN}\n{(thinking or '').strip(chr(10))}\n{THINK_CLOSE}\n\n"
+            # The think block is its own piece so that a prefilled empty block tokenizes as in the prompt.
+            reasoning = (thinking or "").strip("\n")
+            chunks.append(self.framed_chunk((f"{THINK_OPEN}\n", False), (reasoning, True),
+                                            (f"\n{THINK_CLOSE}\n\n", False)))
             text = text.lstrip("\n")
-        # The think block is its own piece so that a prefilled empty block tokenizes as in the prompt.
-        return self.text_chunks(think_block, text + self._tool_calls_text(message, text) + IM_END)
+        # Tool calls are the model's own text (their tags are not special tokens), so they count as content.
+        chunks.append(self.content_chunk("", text + self._tool_calls_text(message, text), IM_END))
+        return chunks
 
     def _tool_calls_text(self, message: Message, text: str) -> str:
         blocks = [
@@ -180,6 +196,10 @@ class Qwen3Renderer(ChatMLRenderer):
     def parse_response(self, response: Sequence[int]) -> tuple[Message, ParseTermination]:
         body, termination = self.split_at_stop_token(response)
         return self.parse_text(self.decode(body)), termination
+
+    def streaming_fields(self, text: str) -> tuple[str, str]:
+        message = self.parse_text(text)
+        return get_thinking_content(message) or "", get_text_content(message)
 
     def parse_text(self, text: str) -> Message:
         """An assistant message from decoded text: ``<think>`` -> ThinkingPart, ``<tool_call>`` -> tool calls."""
@@ -288,17 +308,25 @@ class _VisionContent:
     def content_chunks(self, message: Message, before: str = "", after: str = "") -> list[Chunk]:
         # Text between images is joined into one string (the vision markers are special tokens, so splitting
         # there is exact); each image becomes its own chunk.
+        # Each text segment is a list of (text, is_content) pieces: user text is content, the markers framing.
         content = message["content"]
         parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        segments: list[str | Chunk] = [before]
+        segments: list[list[tuple[str, bool]] | Chunk] = [[(before, False)]]
         for part in parts:
             if part["type"] == "text":
-                segments[-1] += part["text"]  # type: ignore[operator,typeddict-item]
+                segments[-1].append((part["text"], True))  # type: ignore[union-attr,typeddict-item]
             elif part["type"] == "image":
-                segments[-1] += VISION_START  # type: ignore[operator]
-                segments += [self._image_chunk(part["image"]), VISION_END]  # type: ignore[typeddict-item]
-        segments[-1] += after  # type: ignore[operator]
-        return [self.text_chunk(s) if isinstance(s, str) else s for s in segments if s != ""]  # type: ignore[attr-defined]
+                segments[-1].append((VISION_START, False))  # type: ignore[union-attr]
+                segments += [self._image_chunk(part["image"]), [(VISION_END, False)]]  # type: ignore[typeddict-item]
+        segments[-1].append((after, False))  # type: ignore[union-attr]
+        chunks: list[Chunk] = []
+        for segment in segments:
+            if isinstance(segment, list):
+                if any(text for text, _ in segment):
+                    chunks.append(self.framed_chunk(*segment))  # type: ignore[attr-defined]
+            else:
+                chunks.append(segment)
+        return chunks
 
     def to_openai_message(self, message: Message) -> dict[str, Any]:
         """As the base class, with image parts kept in an OpenAI content list (``image_url`` with a URL or data URI)."""

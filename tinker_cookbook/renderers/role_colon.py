@@ -3,7 +3,8 @@
 Each message is ``{Role}:`` + `` {content}\\n\\n``; the sampler stops on the string ``"\\n\\nUser:"``. In a
 supervised example the final message is followed by ``User:`` (trained with it), so that the model learns to
 end its turn with the stop sequence. Base models often end with their end-of-text token instead: that is a
-clean ``ParseTermination.EOS``, not a failure.
+clean ``ParseTermination.EOS``, not a failure. A plain-text dialogue has no tool-call or reasoning format, so
+conversations with tool calls, tool results or reasoning are refused (RendererError) instead of losing them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tinker_cookbook.renderers.base import (
+    Chunk,
     Message,
     ParseTermination,
     RenderContext,
@@ -35,10 +37,13 @@ class RoleColonRenderer(Renderer):
 
     def render_message(self, message: Message, ctx: RenderContext) -> RenderedMessage:
         header = self.text_chunks(message["role"].capitalize() + ":")
-        output = self.text_chunks(" " + get_text_content(message) + "\n\n")
+        output: list[Chunk] = [self.content_chunk(" ", get_text_content(message), "\n\n")]
         # "User:" completes the stop sequence after an assistant message: the model samples it, so train it.
         overlap = self.text_chunks("User:") if message["role"] == "assistant" else []
         return RenderedMessage(header=header, output=output, stop_overlap=overlap)
+
+    def streaming_fields(self, text: str) -> tuple[str, str]:
+        return "", text.lstrip()  # the parse strips the reply; the stop string ends the stream before it shows
 
     def get_stop_sequences(self) -> list[str]:
         return [STOP_SEQUENCE]

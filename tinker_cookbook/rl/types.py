@@ -113,15 +113,44 @@ class EnvGroupBuilder(ABC):
 
 
 class RLDataset(ABC):
-    """A sequence of batches of env group builders."""
+    """A sequence of batches of env group builders.
+
+    Only ``get_batch`` must be written (as in the docs); ``__len__`` has a default, see there.
+    """
 
     @abstractmethod
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
         """Batch ``index`` (0-based); deterministic so that resuming replays the same data."""
 
-    @abstractmethod
     def __len__(self) -> int:
-        """Number of batches."""
+        """Number of batches.
+
+        Default: the first index whose batch is empty or raises ``IndexError`` (how a dataset that slices a list
+        ends), found with O(log n) calls of ``get_batch``. Override it when the dataset ends otherwise, or when
+        building a batch is expensive. A dataset whose batches never run out raises TypeError: define ``__len__``.
+        """
+        if not self._has_batch(0):
+            return 0
+        high = 1
+        while self._has_batch(high):  # exponential search for an index past the end ...
+            high *= 2
+            if high > _MAX_PROBED_BATCHES:
+                raise TypeError(f"{type(self).__name__}.get_batch returns batches beyond index "
+                                f"{_MAX_PROBED_BATCHES}; define __len__ to say how many batches there are")
+        low = high // 2  # ... then bisect: batch `low` exists, batch `high` does not
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if self._has_batch(mid) else (low, mid)
+        return high
+
+    def _has_batch(self, index: int) -> bool:
+        try:
+            return len(self.get_batch(index)) > 0
+        except IndexError:
+            return False
+
+
+_MAX_PROBED_BATCHES = 2**40
 
 
 @chz.chz

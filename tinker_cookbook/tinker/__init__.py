@@ -4,21 +4,27 @@ Port code written for the official SDK by replacing ``import tinker`` with
 ``from tinker_cookbook import tinker``::
 
     from tinker_cookbook import tinker
-    from tinker_cookbook.tinker import types
+    from tinker_cookbook.tinker import lib, types
 
     service_client = tinker.ServiceClient()
     training_client = service_client.create_lora_training_client(base_model="HuggingFaceTB/SmolLM2-135M-Instruct")
 """
 
-from tinker_cookbook.tinker import types
+from tinker_cookbook.tinker import lib, types
 from tinker_cookbook.tinker.errors import (
     APIConnectionError,
     APIError,
+    APIResponseValidationError,
+    APIStatusError,
     APITimeoutError,
+    AuthenticationError,
     BadRequestError,
+    BillingError,
     ConflictError,
     InternalServerError,
     NotFoundError,
+    PermissionDeniedError,
+    RateLimitError,
     RequestFailedError,
     TinkerError,
     UnprocessableEntityError,
@@ -51,10 +57,12 @@ from tinker_cookbook.tinker.types import (
 )
 
 __all__ = [
-    "APIConnectionError", "APIError", "APIFuture", "APITimeoutError", "AdamParams", "BadRequestError", "Checkpoint",
-    "ConflictError", "Datum", "EncodedTextChunk", "ForwardBackwardOutput", "ImageAssetPointerChunk", "ImageChunk",
-    "InternalServerError", "LoraConfig", "ModelInput", "ModelInputChunk", "NotFoundError", "OptimStepResponse",
-    "ParsedCheckpointTinkerPath", "RequestFailedError", "RestClient", "SampleResponse", "SampledSequence",
-    "SamplingClient", "SamplingParams", "ServiceClient", "StopReason", "TensorData", "TensorDtype", "TinkerError",
-    "TrainingClient", "TrainingRun", "UnprocessableEntityError", "types",
+    "APIConnectionError", "APIError", "APIFuture", "APIResponseValidationError", "APIStatusError",
+    "APITimeoutError", "AdamParams", "AuthenticationError", "BadRequestError", "BillingError", "Checkpoint",
+    "ConflictError", "Datum", "EncodedTextChunk", "ForwardBackwardOutput", "ImageAssetPointerChunk",
+    "ImageChunk", "InternalServerError", "LoraConfig", "ModelInput", "ModelInputChunk", "NotFoundError",
+    "OptimStepResponse", "ParsedCheckpointTinkerPath", "PermissionDeniedError", "RateLimitError",
+    "RequestFailedError", "RestClient", "SampleResponse", "SampledSequence", "SamplingClient",
+    "SamplingParams", "ServiceClient", "StopReason", "TensorData", "TensorDtype", "TinkerError",
+    "TrainingClient", "TrainingRun", "UnprocessableEntityError", "lib", "types",
 ]

@@ -15,7 +15,7 @@ import asyncio
 import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError
@@ -34,6 +34,13 @@ def _copy_data(data: Any) -> Any:
     """A copy of a list of data, so that later changes by the caller do not reach the queued request; anything
     else goes to the engine as it is, which rejects it with a message naming it."""
     return list(data) if isinstance(data, (list, tuple)) else data
+
+
+def _check_loss_type_input(loss_type_input: Any) -> None:
+    # The custom loss always receives logprobs: the SDK accepts only that value (None means the same).
+    if loss_type_input not in (None, "logprobs"):
+        raise BadRequestError(f"loss_type_input={loss_type_input!r} is not supported; the custom loss always "
+                              "receives logprobs, so pass loss_type_input='logprobs' or omit it")
 
 
 class TrainingClient:
@@ -107,15 +114,24 @@ class TrainingClient:
                                      ) -> APIFuture[types.ForwardBackwardOutput]:
         return self.forward_backward(data, loss_fn, loss_fn_config)
 
-    def forward_backward_custom(self, data: list[types.Datum], loss_fn: CustomLossFn
+    def forward_backward_custom(self, data: list[types.Datum], loss_fn: CustomLossFn, *,
+                                loss_type_input: Literal["logprobs"] | None = None
                                 ) -> APIFuture[types.ForwardBackwardOutput]:
-        """Gradients of an arbitrary differentiable loss of the per-datum logprob tensors."""
+        """Gradients of an arbitrary differentiable loss of the per-datum logprob tensors.
+
+        ``loss_fn(data, logprobs)`` gets one logprob tensor per datum, shaped like that datum's ``target_tokens``
+        (``[n]``, or ``[n, k]`` for k candidate tokens per position), and returns ``(scalar loss, metrics)``.
+        ``loss_type_input`` is the SDK's (deprecated) keyword naming what the loss receives; the only value is
+        ``"logprobs"``, which is also what None means.
+        """
+        _check_loss_type_input(loss_type_input)
         batch = _copy_data(data)
         return self._submit(lambda s: s.forward_backward_custom(batch, loss_fn))
 
-    async def forward_backward_custom_async(self, data: list[types.Datum], loss_fn: CustomLossFn
+    async def forward_backward_custom_async(self, data: list[types.Datum], loss_fn: CustomLossFn, *,
+                                            loss_type_input: Literal["logprobs"] | None = None
                                             ) -> APIFuture[types.ForwardBackwardOutput]:
-        return self.forward_backward_custom(data, loss_fn)
+        return self.forward_backward_custom(data, loss_fn, loss_type_input=loss_type_input)
 
     def optim_step(self, adam_params: types.AdamParams) -> APIFuture[types.OptimStepResponse]:
         """One AdamW step on the accumulated gradients, which are then cleared."""

@@ -206,6 +206,8 @@ def _to_tensor_data(key: str, value: Any) -> Any:
     elif isinstance(value, np.ndarray):
         td = TensorData.from_numpy(value)
     elif isinstance(value, (list, tuple)):
+        if any(isinstance(v, (list, tuple)) for v in value):
+            return _nested_to_tensor_data(key, value)
         dtype = _KEY_DTYPES.get(key)
         if dtype is None:
             dtype = "float32" if any(isinstance(v, float) for v in value) else "int64"
@@ -219,6 +221,25 @@ def _to_tensor_data(key: str, value: Any) -> Any:
         data = [float(v) for v in td.data] if want == "float32" else [int(v) for v in td.data]
         td = TensorData(data=data, dtype=want, shape=td.shape)
     return td
+
+
+def _nested_to_tensor_data(key: str, value: Sequence[Any]) -> TensorData:
+    """A rectangular nested list (e.g. ``target_tokens=[[t0, t1], ...]``, k candidates per position) as TensorData.
+
+    A ragged one has no shape; the error names the row lengths, since a tensor needs equal rows.
+    """
+    lengths = [len(v) if isinstance(v, (list, tuple)) else None for v in value]
+    if len(set(lengths)) != 1 or lengths[0] is None:
+        shown = ["scalar" if n is None else n for n in lengths[:8]] + (["..."] if len(lengths) > 8 else [])
+        # A ValueError: pydantic reports it as the Datum's validation error, with this message.
+        raise ValueError(
+            f"loss_fn_inputs[{key!r}] is a ragged nested list (row lengths {shown}); a loss input is a tensor, "
+            "so every row needs the same length: pad the rows (with weight 0) or pass a 1-D list"
+        )
+    array = np.asarray(value)
+    dtype = _KEY_DTYPES.get(key) or ("float32" if array.dtype.kind == "f" else "int64")
+    array = array.astype(np.float32 if dtype == "float32" else np.int64)
+    return TensorData(data=array.flatten().tolist(), dtype=dtype, shape=list(array.shape))
 
 
 class Datum(StrictBase):
@@ -379,10 +400,19 @@ class SampleResponse(LooseBase):
 # ---------------------------------------------------------------------------------------------------------
 
 # Used with fullmatch: a trailing "$" would also accept a path that ends in a newline.
-_TINKER_PATH = re.compile(r"tinker://(?P<run>[A-Za-z0-9_.-]+)/(?P<kind>weights|sampler_weights)/(?P<name>[A-Za-z0-9_.-]+)")
+# The hosted service names a run "<session id>:train:<n>" (its n-th training client); that suffix is optional here.
+_TINKER_PATH = re.compile(r"tinker://(?P<run>[A-Za-z0-9_.-]+)(?::train:(?P<client>[0-9]+))?"
+                          r"/(?P<kind>weights|sampler_weights)/(?P<name>[A-Za-z0-9_.-]+)")
 
 
 class ParsedCheckpointTinkerPath(LooseBase):
+    """A parsed ``tinker://<run_id>/(weights|sampler_weights)/<name>`` path: the one parser of checkpoint paths.
+
+    The hosted form ``tinker://<id>:train:<n>/...`` (the run of the n-th training client of session ``<id>``) is
+    accepted too and maps to the local run ``<id>``: locally every training client is its own run, named without
+    the suffix, so ``training_run_id`` is ``<id>`` and the path resolves like ``tinker://<id>/...``.
+    """
+
     tinker_path: str
     training_run_id: str
     checkpoint_type: CheckpointType
@@ -391,8 +421,9 @@ class ParsedCheckpointTinkerPath(LooseBase):
 
     @classmethod
     def from_tinker_path(cls, tinker_path: Any) -> ParsedCheckpointTinkerPath:
-        expected = ("expected tinker://<run_id>/weights/<name> or tinker://<run_id>/sampler_weights/<name> "
-                    "(names use letters, digits, '_', '-', '.'; list them with `tinker-cookbook checkpoint list`)")
+        expected = ("expected tinker://<run_id>/weights/<name> or tinker://<run_id>/sampler_weights/<name>, "
+                    "<run_id> optionally followed by the hosted form's ':train:<n>' (names use letters, digits, "
+                    "'_', '-', '.'; list them with `tinker-cookbook checkpoint list`)")
         if not isinstance(tinker_path, str):
             raise ValueError(f"checkpoint path must be a string, got {tinker_path!r}; {expected}")
         if not tinker_path.startswith("tinker://"):
