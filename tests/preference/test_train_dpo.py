@@ -29,11 +29,10 @@ def data_files(tmp_path_factory):
 
 def _config(log_path, data_files, **overrides) -> train_dpo.Config:
     train_path, test_path = data_files
-    args = dict(log_path=str(log_path), model_name=TINY_MODEL, dataset_builder=dpo_builder(str(train_path),
-                test_path=str(test_path)), learning_rate=5e-3, dpo_beta=0.5, lora_rank=4, eval_every=2,
-                save_every=2, behavior_if_log_dir_exists="resume")
-    args.update(overrides)
-    return train_dpo.Config(**args)
+    builder = dpo_builder(str(train_path), test_path=str(test_path))
+    args = {"log_path": str(log_path), "model_name": TINY_MODEL, "dataset_builder": builder, "learning_rate": 5e-3,
+            "dpo_beta": 0.5, "lora_rank": 4, "eval_every": 2, "save_every": 2, "behavior_if_log_dir_exists": "resume"}
+    return train_dpo.Config(**{**args, **overrides})
 
 
 def _run(config: train_dpo.Config) -> None:

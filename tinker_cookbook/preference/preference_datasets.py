@@ -186,7 +186,8 @@ class JsonlComparisonBuilder(ComparisonDatasetBuilder):
 
 @chz.chz
 class ExampleComparisonBuilder(ComparisonDatasetBuilder):
-    """The project's offline preference set (``example-data/preferences/{train,test}.jsonl``, see its README):
+    """The project's offline preference set (``example-data/preferences/{train,test}.jsonl``; see the generator,
+    ``make_preferences.py`` beside them):
     prompts that state a format instruction; chosen follows it, rejected breaks it. Test prompts are unseen."""
 
     def __call__(self) -> tuple[Comparisons, Comparisons | None]:
@@ -258,8 +259,8 @@ class HHHComparisonBuilder(ComparisonDatasetBuilder):
 def helpsteer3_row_to_comparison(row: dict[str, Any]) -> LabeledComparison:
     """``overall_preference`` < 0: response1 is better, > 0: response2 (ties are filtered out before)."""
     prompt = _messages(row["context"], "context", "user")
-    first = [{"role": "assistant", "content": row["response1"]}]
-    second = [{"role": "assistant", "content": row["response2"]}]
+    first: list[Message] = [{"role": "assistant", "content": row["response1"]}]
+    second: list[Message] = [{"role": "assistant", "content": row["response2"]}]
     better_first = row["overall_preference"] < 0
     return LabeledComparison.from_pair(prompt, first if better_first else second, second if better_first else first)
 
@@ -381,6 +382,6 @@ class DPODatasetBuilder(ChatDatasetBuilder):
         if len(train_ds) == 0:
             raise DataError(f"{len(train)} training pairs make no full batch of batch_size={batch_size}; lower it")
         test_ds = None if test is None else self._dataset(test, None)
-        logger.info("preference data: %d training pairs (%d batches of %d), %d test pairs", len(train),
+        logger.info("preference data: %d training rows (%d batches of %d pairs), %d test rows", len(train),
                     len(train_ds), batch_size, 0 if test is None else len(test))
         return train_ds, test_ds

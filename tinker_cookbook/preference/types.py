@@ -20,6 +20,7 @@ from tinker_cookbook.renderers import Message, get_text_content
 
 Label: TypeAlias = Literal["A", "B", "Tie"]
 LABELS: tuple[str, ...] = ("A", "B", "Tie")
+_SWAPPED: dict[Label, Label] = {"A": "B", "B": "A", "Tie": "Tie"}
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,7 @@ class LabeledComparison:
         return cls(Comparison(list(prompt), list(chosen), list(rejected)), "A")
 
     def swap(self) -> LabeledComparison:
-        flipped: Label = {"A": "B", "B": "A", "Tie": "Tie"}[self.label]  # type: ignore[assignment]  # closed map
-        return LabeledComparison(self.comparison.swap(), flipped)
+        return LabeledComparison(self.comparison.swap(), _SWAPPED[self.label])
 
     @property
     def chosen(self) -> list[Message]:
