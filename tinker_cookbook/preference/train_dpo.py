@@ -17,14 +17,15 @@ Mechanics, all through the public API:
   and repeated evaluations never recompute them.
 - Each step is one ``forward_backward_custom`` with the DPO loss, then ``optim_step`` at
   ``learning_rate * schedule(step)``.
-- Metrics per step (docs' names): ``dpo_loss``, ``accuracy`` (fraction of pairs whose chosen reward is strictly
-  higher), ``margin`` (mean of chosen_reward - rejected_reward), ``chosen_reward`` and ``rejected_reward`` (means of
+- Metrics per step (docs' names): ``dpo_loss``, ``accuracy`` (fraction of pairs whose chosen reward is higher;
+  an exact tie counts one half), ``margin`` (mean of chosen_reward - rejected_reward), ``chosen_reward`` and ``rejected_reward`` (means of
   beta * (log pi_theta - log pi_ref)), ``num_pairs``, ``num_tokens``, ``learning_rate``, ``progress``, ``epoch``,
   ``time/...``, and ``reference/num_computed`` (sequences whose reference logprobs were computed so far in this
   process; it stops growing after the first epoch). All are measured on the weights before the step's update.
 - The test pairs are evaluated (``test/dpo_loss``, ``test/accuracy``, ``test/margin``, ``test/chosen_reward``,
   ``test/rejected_reward``, ``test/num_pairs``) every ``eval_every`` steps, before the step of that row, and on
-  the final model in the last row of a finished run.
+  the final model in the last row of a finished run. Both policy and reference logprobs of the test pairs come from
+  ``compute_logprobs`` (on a snapshot of the current weights), so at step 0 every margin is exactly 0.
 
 Steps, epochs, checkpoints, resuming, ``log_path`` files and the log-dir policy are those of the supervised loop
 (``tinker_cookbook.supervised.train``, whose plan and helpers this loop calls): a checkpoint named ``%06d`` of
