@@ -1,0 +1,1 @@
+"""Recipes that learn from pairwise preferences."""

@@ -1,0 +1,1 @@
+"""Direct Preference Optimization recipe."""
