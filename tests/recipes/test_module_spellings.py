@@ -15,7 +15,10 @@ import pytest
 import recipes
 
 REPO = Path(__file__).resolve().parents[2]
-RECIPE_MODULES = sorted(m.name for m in pkgutil.walk_packages(recipes.__path__, prefix="") if not m.ispkg)
+# The prefix makes walk_packages import sub-packages as recipes.<pkg> (a bare name could resolve elsewhere on sys.path).
+RECIPE_MODULES = sorted(
+    m.name.removeprefix("recipes.") for m in pkgutil.walk_packages(recipes.__path__, prefix="recipes.") if not m.ispkg
+)
 
 
 def test_there_are_recipes_to_check():

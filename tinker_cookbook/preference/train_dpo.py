@@ -280,12 +280,9 @@ class DPOEvaluator(SamplingClientEvaluator):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def resume_checkpoint_row(config: Config) -> dict[str, Any] | None:
-    """The checkpoint row to resume from (None: start fresh), after applying the log-dir policy.
-
-    The one place this loop reaches into the supervised loop's resume/log-dir rules, so both stay the same.
-    """
-    return sl_train._resume_row(config)  # type: ignore[arg-type]  # reads only fields both Configs have
+def resume_point(config: Config) -> checkpoint_utils.ResumePoint:
+    """Where this run continues from, after applying the log-dir policy (the resume helper every loop shares)."""
+    return checkpoint_utils.resume_point(config.log_path, config.behavior_if_log_dir_exists, config)
 
 
 def _create_training_client(
@@ -418,15 +415,12 @@ def _build_evaluators(
 async def main(config: Config) -> None:
     """Train per ``config``; see the module docstring for the loss, metrics, checkpoints and resuming."""
     config = _with_renderer_name(config)
-    resume_row = resume_checkpoint_row(config)
+    resume = resume_point(config)
+    resume_row = resume.row
     train_dataset, test_dataset = config.dataset_builder()
     plan = sl_train.make_plan(config, len(train_dataset), resume_row)  # type: ignore[arg-type]  # same fields
-    if plan.start_step >= plan.end_step:
-        print(f"Nothing to do: the run in {config.log_path} already reached step {plan.start_step}. Raise max_steps "
-              "or num_epochs to train further, or pass behavior_if_log_dir_exists=delete to start over.")
+    if not resume.begin(plan.start_step, plan.end_step):
         return
-    # Rows from the resumed step on belong to the interrupted attempt; this run recomputes them.
-    ml_log.truncate_metrics(config.log_path, keep_below_step=plan.start_step)
     ml_logger = ml_log.setup_logging(config.log_path, config.wandb_project, config.wandb_name, config=config)
     try:
         service_client = tinker.ServiceClient(base_url=config.base_url)
