@@ -89,3 +89,47 @@ def test_lr_sweep_collect_skips_unfinished_runs(tmp_path):
                 {"step": 1, "train_mean_nll": 1.5, "test/nll": 1.7, "progress": progress}]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert collect(tmp_path) == [{"run": "lr-0.001", "learning_rate": 1e-3, "final_loss": 1.5, "final_test_nll": 1.7}]
+
+
+def test_prompt_distillation_creates_data_then_trains_and_measures_the_student(tmp_path):
+    data = tmp_path / "distill.jsonl"
+    # The tiny random teacher never replies with a label, so target=raw (the docs' r_i = f_T([P, q_i])) is the
+    # mode that yields rows; target=label refusing to write an empty file is checked below.
+    made = _run("tinker_cookbook.recipes.prompt_distillation.create_data", f"model_name={TINY}",
+                f"output_file={data}", "max_inputs=4", "target=raw")
+    assert made.returncode == 0, made.stderr[-3000:]
+    rows = _rows(data)
+    from recipes.prompt_distillation.create_data import TEACHER_PROMPT, split
+
+    assert [r["messages"][0] for r in rows] == [{"role": "user", "content": s} for s, _ in split("train")[:4]]
+    assert all(r["messages"][1]["role"] == "assistant" for r in rows)
+    assert TEACHER_PROMPT not in data.read_text()  # the student's data has no trace of the prompt
+
+    log_path = tmp_path / "run"
+    trained = _run("recipes.prompt_distillation.train", f"model_name={TINY}", f"file_path={data}",
+                   f"log_path={log_path}", "lora_rank=4", "batch_size=2", "max_steps=1",
+                   "behavior_if_log_dir_exists=delete")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    metrics = _rows(log_path / "metrics.jsonl")
+    assert [m["step"] for m in metrics if "train_mean_nll" in m] == [0]
+    assert 0.0 <= metrics[0]["held_out/follow_rate"] <= metrics[0]["held_out/label_rate"] <= 1.0
+    assert "held-out, without the teacher prompt: follow_rate" in trained.stdout
+
+
+def test_prompt_distillation_refuses_to_write_no_data_and_to_train_without_data(tmp_path):
+    made = _run("recipes.prompt_distillation.create_data", f"model_name={TINY}", f"output_file={tmp_path / 'd.jsonl'}",
+                "max_inputs=2")
+    assert made.returncode == 1 and "nothing to distil" in made.stderr and not (tmp_path / "d.jsonl").exists()
+    trained = _run("recipes.prompt_distillation.train", f"model_name={TINY}", f"file_path={tmp_path / 'none.jsonl'}",
+                   f"log_path={tmp_path / 'run'}")
+    assert trained.returncode == 1 and "prompt_distillation.create_data" in trained.stderr
+
+
+def test_reply_label_and_follows():
+    from recipes.prompt_distillation.create_data import follows, reply_label, split
+
+    assert [reply_label(r) for r in ["fr", " FR (French)", "`de`.", "english", "xx", ""]] == \
+        ["fr", "fr", "de", None, None, None]
+    assert follows("fr") and follows(" en\n") and not follows("fr.") and not follows("The language is fr")
+    held_out, train_split = split("held_out"), split("train")
+    assert (len(held_out), len(train_split)) == (22, 55) and not {s for s, _ in held_out} & {s for s, _ in train_split}
