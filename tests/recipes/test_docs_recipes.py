@@ -55,6 +55,14 @@ def test_math_rl_runs_two_iterations_on_offline_gsm8k_problems(tmp_path):
     assert _rows(log_path / "checkpoints.jsonl")[-1]["name"] == "final"
 
 
+
+def test_math_rl_hub_gsm8k_offline_fails_in_one_clear_line(tmp_path):
+    result = _run("recipes.math_rl.train", "source=hub", f"model_name={TINY}", f"log_path={tmp_path / 'r'}",
+                  "behavior_if_log_dir_exists=delete")
+    assert result.returncode == 1
+    assert result.stderr.startswith("Error: dataset='openai/gsm8k' could not be loaded")
+    assert "source=offline" in result.stderr and "Traceback" not in result.stderr
+
 def test_lr_sweep_runs_two_points_and_collects_a_table_and_a_plot(tmp_path):
     # Six conversations, two held out, batch 4: one step is the whole epoch, so both runs finish (progress 1.0)
     # and pass the docs' "completed" filter.
