@@ -2,7 +2,7 @@
 the shared supervised loop, and measure how often it follows the prompt's behaviour on held-out sentences.
 
     python -m recipes.prompt_distillation.create_data             # first: the data (see create_data)
-    python -m recipes.prompt_distillation.train                   # SmolLM2-135M-Instruct student, CPU, minutes
+    python -m recipes.prompt_distillation.train                   # SmolLM2-135M-Instruct student, CPU, ~1 min
     python -m recipes.prompt_distillation.train model_name=tinker-cookbook/tiny-smollm2 max_steps=1   # smoke test
     python -m recipes.prompt_distillation.train file_path=/tmp/tinker-datasets/prompt_distillation_lang.jsonl \\
         model_name=Qwen/Qwen3-30B-A3B batch_size=128 learning_rate=1e-4 max_length=32768   # the docs' run
