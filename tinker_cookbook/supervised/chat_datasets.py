@@ -47,8 +47,13 @@ def _offline_requested() -> bool:
     return os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
 
 
-def load_hub_dataset(path: str, split: str, name: str | None = None) -> Any:
-    """``datasets.load_dataset(path, name, split=split)``, or a ConfigurationError that says what to do instead.
+OFFLINE_CHAT_ALTERNATIVE = (f"Use dataset={EXAMPLE_DATA_NAME} (the project's example data) or a local .jsonl file "
+                            "of {\"messages\": [...]} rows")
+
+
+def load_hub_dataset(path: str, split: str, name: str | None = None, instead: str = OFFLINE_CHAT_ALTERNATIVE) -> Any:
+    """``datasets.load_dataset(path, name, split=split)``, or a ConfigurationError that says what to do instead
+    (``instead``: the offline alternative, in the caller's terms).
 
     When the hub does not answer a quick connection check, only the local cache is tried, so an offline machine
     gets its answer in seconds rather than after a minute of retries.
@@ -67,8 +72,7 @@ def load_hub_dataset(path: str, split: str, name: str | None = None) -> Any:
             "the Hugging Face hub is not reachable" if offline else "loading it from the hub failed")
         raise ConfigurationError(
             f"dataset={path!r} could not be loaded: {why} and it is not in the local cache "
-            f"({type(exc).__name__}: {str(exc)[:200]}). Use dataset={EXAMPLE_DATA_NAME} (the project's example data) "
-            "or a local .jsonl file of {\"messages\": [...]} rows, or download it where the hub is reachable"
+            f"({type(exc).__name__}: {str(exc)[:200]}). {instead}, or download it where the hub is reachable"
         ) from exc
     finally:
         datasets.config.HF_HUB_OFFLINE = saved

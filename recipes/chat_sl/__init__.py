@@ -1,0 +1,1 @@
+"""``python -m recipes.chat_sl.train``: supervised fine-tuning on chat datasets."""

@@ -1,0 +1,1 @@
+"""``python -m recipes.math_rl.train``: RL on math word problems."""

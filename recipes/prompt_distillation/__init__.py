@@ -1,0 +1,1 @@
+"""``python -m recipes.prompt_distillation.create_data`` then ``.train``: distil a system prompt into a model."""
