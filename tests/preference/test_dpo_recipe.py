@@ -16,9 +16,9 @@ from tinker_cookbook.preference.preference_datasets import ExampleComparisonBuil
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
+def _run(*args: str, module: str = "recipes.preference.dpo.train") -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "recipes.preference.dpo.train", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
                           capture_output=True, text=True, check=False, timeout=600)
 
 
@@ -57,7 +57,7 @@ def test_the_docs_command_line_parses_and_fails_fast_offline(tmp_path):
     common = config.dataset_builder.common_config
     assert (common.model_name_for_tokenizer, common.renderer_name) == ("meta-llama/Llama-3.2-1B", "role_colon")
 
-    result = _run(*docs_args)
+    result = _run(*docs_args, module="tinker_cookbook.recipes.preference.train")  # the docs' module path
     assert result.returncode == 1
     assert "Error: dataset=hhh needs 'Anthropic/hh-rlhf'" in result.stderr and "dataset=example" in result.stderr
     assert "Traceback" not in result.stderr
