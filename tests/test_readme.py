@@ -22,7 +22,9 @@ def _code_blocks(language: str) -> list[str]:
 
 def _commands() -> list[str]:
     """Every command: the lines of bash blocks, and inline code that runs a program."""
-    lines = [line.split("#")[0].strip() for block in _code_blocks("bash") for line in block.splitlines()]
+    # A line ending in a backslash continues on the next one (one command).
+    blocks = [block.replace("\\\n", " ") for block in _code_blocks("bash")]
+    lines = [line.split("#")[0].strip() for block in blocks for line in block.splitlines()]
     prose = re.sub(r"```.*?```", "", README, flags=re.DOTALL).replace("\n", " ")
     inline = [span for span in re.findall(r"`([^`]+)`", prose)
               if re.search(r"\bpython\b|\bpytest\b|tinker-cookbook |\.sh\b", span) and " " in span]

@@ -114,7 +114,7 @@ def test_prompt_distillation_creates_data_then_trains_and_measures_the_student(t
     assert TEACHER_PROMPT not in data.read_text()  # the student's data has no trace of the prompt
 
     log_path = tmp_path / "run"
-    trained = _run("recipes.prompt_distillation.train", f"model_name={TINY}", f"file_path={data}",
+    trained = _run("tinker_cookbook.recipes.prompt_distillation.train", f"model_name={TINY}", f"file_path={data}",
                    f"log_path={log_path}", "lora_rank=4", "batch_size=2", "max_steps=1",
                    "behavior_if_log_dir_exists=delete")
     assert trained.returncode == 0, trained.stderr[-3000:]

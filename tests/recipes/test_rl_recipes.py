@@ -24,7 +24,8 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("module", ["recipes.rl_basic", "recipes.rl_loop"])
+# The Tinker documentation names both with its spelling (the same files: tests/recipes/test_module_spellings.py).
+@pytest.mark.parametrize("module", ["tinker_cookbook.recipes.rl_basic", "tinker_cookbook.recipes.rl_loop"])
 def test_recipe_runs_two_steps(tmp_path, module):
     log_path = tmp_path / "run"
     result = _run(module, f"model_name={TINY}", "max_steps=2", f"log_path={log_path}", "lora_rank=4",

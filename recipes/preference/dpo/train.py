@@ -29,7 +29,7 @@ from pathlib import Path
 
 import chz
 
-from tinker_cookbook.cli_utils import run_recipe
+from tinker_cookbook.cli_utils import RecipeKey, run_recipe
 from tinker_cookbook.perf_env import reexec_with_fast_malloc
 from tinker_cookbook.preference import train_dpo
 
@@ -40,6 +40,13 @@ SHORT_NAMES = {
     "batch_size": f"{_COMMON}.batch_size",
     "max_length": f"{_COMMON}.max_length",
 }
+
+# Listed by --help; the value itself reaches the config as dataset_builder.comparison_builder (expanded above).
+DATASET = RecipeKey(
+    "dataset", "example",
+    "Short for dataset_builder.comparison_builder: 'example' (the project's pairs), 'jsonl' (your own, with "
+    "dataset.train_path=...), or the hub's 'hhh', 'helpsteer3', 'ultrafeedback'; dataset.<field>=... sets its fields.",
+)
 
 # The recipe's defaults, written as command-line arguments that come before the user's (the last value of a key
 # wins). ``key@=other`` makes a field follow another: the data is tokenized and rendered for the trained model.
@@ -88,4 +95,4 @@ def main(config: train_dpo.Config) -> None:
 if __name__ == "__main__":
     reexec_with_fast_malloc()
     sys.argv[1:] = recipe_argv(sys.argv[1:])
-    run_recipe(main)
+    run_recipe(main, recipe_keys=[DATASET])
