@@ -18,9 +18,12 @@ import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal, TypeAlias, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, get_args
 
 from tinker_cookbook.exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    import chz
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +92,11 @@ def model_name_from_argv(argv: Sequence[str], default: str) -> str:
     return default
 
 
-def run_recipe(main: Callable[..., object]) -> None:
+def run_recipe(main: Callable[..., object], defaults: chz.Blueprint[Any] | None = None) -> None:
     """Run a recipe's ``main`` from the command line (``key=value`` arguments via chz).
+
+    ``defaults``: a ``chz.Blueprint`` of ``main``'s config with the recipe's defaults applied (a recipe that is a
+    Blueprint over a loop's ``Config`` rather than a config class of its own); the arguments override them.
 
     Errors that come from bad input (``TinkerCookbookError``, ``tinker.TinkerError``) already say what is wrong and
     how to fix it, so they are printed as one ``Error: ...`` line with exit status 1 instead of a traceback. Set
@@ -104,7 +110,10 @@ def run_recipe(main: Callable[..., object]) -> None:
     from tinker_cookbook.tinker.errors import TinkerError
 
     try:
-        chz.nested_entrypoint(main)
+        if defaults is None:
+            chz.nested_entrypoint(main)
+        else:
+            main(chz.blueprint.exit_on_entrypoint_error(defaults.make_from_argv)(sys.argv[1:]))
     except (TinkerCookbookError, TinkerError) as exc:
         if os.environ.get("TINKER_COOKBOOK_DEBUG") == "1":
             raise
