@@ -1,6 +1,6 @@
 """Guess the number with multi-turn RL (``tinker_cookbook.rl.multiturn.guess_number`` on ``tinker_cookbook.rl.train``).
 
-    python -m recipes.guess_number.train                                  # SmolLM2-135M-Instruct, numbers 1-16, CPU
+    python -m recipes.guess_number.train                                  # SmolLM2-135M-Instruct, numbers 1-10, CPU
     python -m recipes.guess_number.train max_steps=2 model_name=tinker-cookbook/tiny-smollm2   # smoke test
     python -m recipes.guess_number.train model_name=Qwen/Qwen3-4B-Instruct-2507 dataset_builder.low=0 \\
         dataset_builder.high=1024 dataset_builder.max_turns=10 dataset_builder.batch_size=32 learning_rate=3e-5 \\
@@ -34,17 +34,17 @@ DEFAULTS: dict[str, Any] = {
     "dataset_builder": GuessNumberDatasetBuilder,
     "dataset_builder.model_name_for_tokenizer": Reference("model_name"),
     "dataset_builder.renderer_name": Reference("renderer_name"),
-    "dataset_builder.batch_size": 4,
+    "dataset_builder.batch_size": 2,
     "dataset_builder.group_size": 8,
-    "dataset_builder.n_batches": 24,
+    "dataset_builder.n_batches": 12,
     "dataset_builder.low": 1,
-    "dataset_builder.high": 16,
-    "dataset_builder.max_turns": 6,
+    "dataset_builder.high": 10,
+    "dataset_builder.max_turns": 5,
     "dataset_builder.format_penalty": 0.2,
     "dataset_builder.n_test_games": 8,
-    "dataset_builder.test_group_size": 4,
+    "dataset_builder.test_group_size": 2,
     "learning_rate": 3e-4,
-    "max_tokens": 12,
+    "max_tokens": 10,
     "remove_constant_reward_groups": True,
     "eval_every": 6,
     "save_every": 12,

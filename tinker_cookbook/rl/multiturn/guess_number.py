@@ -19,9 +19,14 @@ from typing import TYPE_CHECKING
 
 import chz
 
-from tinker_cookbook.rl.multiturn.message_env import EnvFromMessageEnv, MessageEnv, MessageStepResult, renderer_for
+from tinker_cookbook.rl.multiturn.message_env import (
+    EnvFromMessageEnv,
+    MessageEnv,
+    MessageStepResult,
+    renderer_for,
+)
 from tinker_cookbook.rl.problem_env import message_text
-from tinker_cookbook.rl.types import Env, EnvGroupBuilder, Metrics, RLDataset, RLDatasetBuilder
+from tinker_cookbook.rl.types import Env, EnvGroupBuilder, Logs, Metrics, RLDataset, RLDatasetBuilder
 
 if TYPE_CHECKING:
     from tinker_cookbook.renderers import Message, Renderer
@@ -32,6 +37,7 @@ RULES = (
     "guesses. Reply with one line: Guess: <number>. After each guess I say Too low, Too high or Correct."
 )
 FIRST_USER_MESSAGE = "Make your first guess."
+NEW_GAME_MESSAGE = "Correct! Let's play again with a new number. Make your first guess."
 FORMAT_HINT = "I could not read a guess. Reply with one line: Guess: <number>."
 
 _GUESS = re.compile(r"^\s*\**guess\**\s*:\s*\**\s*(-?\d+)\b", re.IGNORECASE | re.MULTILINE)
@@ -43,10 +49,31 @@ def parse_number_guess(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def example_game(low: int, high: int) -> list[Message]:
+    """A short finished game shown before the real one: a binary search that goes up, then down, then wins.
+
+    Small models learn the reply format from it, and that both kinds of feedback are to be used.
+    """
+    first = (low + high) // 2
+    second = max((first + 1 + high) // 2, first + 1)
+    third = (first + second) // 2 if second - first > 1 else second
+    after_second = "Too high." if third < second else "Correct!"
+    games: list[Message] = [
+        {"role": "user", "content": FIRST_USER_MESSAGE}, {"role": "assistant", "content": f"Guess: {first}"},
+        {"role": "user", "content": "Too low."}, {"role": "assistant", "content": f"Guess: {second}"},
+        {"role": "user", "content": after_second},
+    ]
+    if third < second:
+        games += [{"role": "assistant", "content": f"Guess: {third}"}, {"role": "user", "content": "Correct!"}]
+    games[-1] = {"role": "user", "content": NEW_GAME_MESSAGE}
+    return games
+
+
 class GuessNumberEnv(MessageEnv):
     """One game with a hidden ``target`` (see the module docstring)."""
 
-    def __init__(self, target: int, low: int, high: int, max_turns: int = 10, format_penalty: float = 1.0) -> None:
+    def __init__(self, target: int, low: int, high: int, max_turns: int = 10, format_penalty: float = 1.0,
+                 include_example: bool = False) -> None:
         if not low <= target <= high:
             raise ValueError(f"target={target} is outside [low={low}, high={high}]")
         if max_turns < 1:
@@ -54,13 +81,17 @@ class GuessNumberEnv(MessageEnv):
         self.target, self.low, self.high = target, low, high
         self.max_turns = max_turns
         self.format_penalty = format_penalty
+        self.include_example = include_example
         self.turns = 0
         self.success = False
         self.format_errors = 0
 
     async def initial_messages(self) -> list[Message]:
-        rules = RULES.format(low=self.low, high=self.high, max_turns=self.max_turns)
-        return [{"role": "system", "content": rules}, {"role": "user", "content": FIRST_USER_MESSAGE}]
+        rules: Message = {"role": "system", "content": RULES.format(low=self.low, high=self.high,
+                                                                    max_turns=self.max_turns)}
+        if self.include_example:
+            return [rules, *example_game(self.low, self.high)]
+        return [rules, {"role": "user", "content": FIRST_USER_MESSAGE}]
 
     async def step(self, reply: Message, ended_cleanly: bool) -> MessageStepResult:
         self.turns += 1
@@ -70,7 +101,7 @@ class GuessNumberEnv(MessageEnv):
         self.format_errors += int(guess is None)
         reward = 1.0 if self.success else (-self.format_penalty if guess is None else 0.0)
         metrics: Metrics = {"format": float(guess is not None)}
-        logs = {"target": self.target, "player": text.strip()}
+        logs: Logs = {"target": self.target, "player": text.strip()}
         if self.success or self.turns >= self.max_turns:
             return MessageStepResult(reward, True, metrics=metrics, logs=logs)
         if guess is None:
@@ -89,10 +120,10 @@ class GuessNumberGroupBuilder(EnvGroupBuilder):
     """``group_size`` games with the same hidden number."""
 
     def __init__(self, renderer: Renderer, group_size: int, target: int, low: int, high: int, max_turns: int,
-                 format_penalty: float) -> None:
+                 format_penalty: float, include_example: bool = False) -> None:
         self.renderer = renderer
         self.group_size = group_size
-        self.make_game = partial(GuessNumberEnv, target, low, high, max_turns, format_penalty)
+        self.make_game = partial(GuessNumberEnv, target, low, high, max_turns, format_penalty, include_example)
 
     async def make_envs(self) -> Sequence[Env]:
         return [EnvFromMessageEnv(self.renderer, self.make_game()) for _ in range(self.group_size)]
@@ -105,11 +136,11 @@ class GuessNumberDataset(RLDataset):
     """``n_batches`` batches of ``batch_size`` hidden numbers, each played ``group_size`` times."""
 
     def __init__(self, renderer: Renderer, batch_size: int, group_size: int, n_batches: int, low: int, high: int,
-                 max_turns: int, format_penalty: float, seed: int) -> None:
+                 max_turns: int, format_penalty: float, seed: int, include_example: bool = False) -> None:
         self.batch_size, self.n_batches = batch_size, n_batches
         self.low, self.high = low, high
         self.group = partial(GuessNumberGroupBuilder, renderer, group_size, low=low, high=high,
-                             max_turns=max_turns, format_penalty=format_penalty)
+                             max_turns=max_turns, format_penalty=format_penalty, include_example=include_example)
         self.seed = seed
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
@@ -137,6 +168,9 @@ class GuessNumberDatasetBuilder(RLDatasetBuilder):
     high: int = 1024
     max_turns: int = 10
     format_penalty: float = 1.0
+    include_example: bool = True
+    """Show a short finished example game before each game (small models learn the format from it)."""
+
     seed: int = 0
     n_test_games: int = 0
     test_group_size: int = 4
@@ -154,7 +188,7 @@ class GuessNumberDatasetBuilder(RLDatasetBuilder):
     async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
         renderer = renderer_for(self.model_name_for_tokenizer, self.renderer_name)
         dataset = partial(GuessNumberDataset, renderer, low=self.low, high=self.high, max_turns=self.max_turns,
-                          format_penalty=self.format_penalty)
+                          format_penalty=self.format_penalty, include_example=self.include_example)
         train = dataset(self.batch_size, self.group_size, self.n_batches, seed=self.seed)
         test = None
         if self.n_test_games > 0:

@@ -2,20 +2,25 @@
 
 Each turn the player writes one message. A message whose first ``Guess:`` line names the secret word (compared
 case-insensitively, ignoring quotes, trailing punctuation and a leading article) wins: reward 1 and the episode
-ends. A wrong guess is answered "No, ..." by the env itself; any other message is a question, answered by the
-answerer: a ``MessageCompleter`` that sees a system prompt holding the secret word and only the latest question.
-The episode also ends after ``max_questions`` turns (reward 0). There is no reward for questions, so the only
+ends. A wrong guess is answered "No, the word is not X." by the env itself; any other message is a question,
+answered by the answerer: a ``MessageCompleter`` that sees a system prompt holding the secret word and only the
+latest question. The episode also ends after ``max_questions`` turns (reward 0). Questions earn nothing, so the only
 signal is finding the word. An empty or cut-off message counts as a format error (``format_penalty`` each).
 
-Words: ``example-data/twenty_questions_words.txt`` (common nouns), shuffled with a fixed seed; the last fifth are
-the test words, never seen in training. The train words are repeated ``num_epochs`` times (reshuffled per epoch).
+Words (``example-data/``): ``nouns`` (181 common nouns) or ``animals`` (41 animals; the player is told the topic),
+or any file with one word per line. The list is shuffled with a fixed seed and its last fifth are the test words,
+never seen in training; the train words are repeated ``num_epochs`` times (reshuffled per epoch). With
+``include_example`` the player first sees a short finished game (questions, a wrong guess, a right one).
+
+A small answerer does not keep the secret: asked "What animal is it?" it replies "The answer is a zebra.", and a
+player can learn to ask for the word and repeat it. ``hide_word_in_answers`` masks the word in its replies.
 """
 
 from __future__ import annotations
 
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,35 +28,70 @@ from typing import TYPE_CHECKING
 import chz
 
 from tinker_cookbook.completers import MessageCompleter
-from tinker_cookbook.rl.multiturn.message_env import EnvFromMessageEnv, MessageEnv, MessageStepResult, renderer_for
+from tinker_cookbook.rl.multiturn.message_env import (
+    EnvFromMessageEnv,
+    MessageEnv,
+    MessageStepResult,
+    renderer_for,
+)
 from tinker_cookbook.rl.problem_env import message_text
-from tinker_cookbook.rl.types import Env, EnvGroupBuilder, Metrics, RLDataset, RLDatasetBuilder
+from tinker_cookbook.rl.types import Env, EnvGroupBuilder, Logs, Metrics, RLDataset, RLDatasetBuilder
 
 if TYPE_CHECKING:
     from tinker_cookbook.renderers import Message, Renderer
 
-WORDS_FILE = Path(__file__).resolve().parents[3] / "example-data" / "twenty_questions_words.txt"
+EXAMPLE_DATA = Path(__file__).resolve().parents[3] / "example-data"
+WORD_LISTS: dict[str, tuple[Path, str]] = {
+    # name: (file, the topic the player is told)
+    "nouns": (EXAMPLE_DATA / "twenty_questions_nouns.txt", "a common noun such as an animal, a food or an object"),
+    "animals": (EXAMPLE_DATA / "twenty_questions_animals.txt", "an animal"),
+}
 TAG = "twenty_questions"
 
 PLAYER_PROMPT = (
-    "Let's play twenty questions. I am thinking of a secret word, a common noun such as an animal, a food or an "
-    "everyday object. Find it by asking me questions that I can answer with yes or no, one short question per "
-    "message. When you know the word, reply with one line: Guess: <word>. You have {max_questions} messages."
+    "Let's play twenty questions. I am thinking of a secret word: {topic}. Find it by asking me questions that I "
+    "can answer with yes or no, one short question per message. When you know the word, reply with one line: "
+    "Guess: <word>. You have {max_questions} messages."
 )
 FIRST_USER_MESSAGE = "I have chosen my word. Ask your first question."
 ANSWERER_PROMPT = (
     'You are the answerer in a game of twenty questions. The secret word is "{word}". The player asks a '
-    "question about the secret word. Answer it truthfully with yes or no and at most a few words."
+    "question about the secret word. Answer it truthfully with yes or no and at most a few words. Never say "
+    "the secret word."
 )
+NEW_GAME_MESSAGE = "Correct! Let's play again with a new word. Ask your first question."
+EXAMPLE_GAME: list[Message] = [  # a finished game shown first when include_example is set; its word is not in the lists
+    {"role": "user", "content": FIRST_USER_MESSAGE},
+    {"role": "assistant", "content": "Is it an animal?"},
+    {"role": "user", "content": "Yes."},
+    {"role": "assistant", "content": "Guess: cat"},
+    {"role": "user", "content": "No, the word is not cat."},
+    {"role": "assistant", "content": "Does it live where it is cold?"},
+    {"role": "user", "content": "Yes."},
+    {"role": "assistant", "content": "Guess: penguin"},
+    {"role": "user", "content": NEW_GAME_MESSAGE},
+]
+HIDDEN_WORD = "[secret]"
 FORMAT_HINT = "Ask one yes/no question, or make a guess with one line: Guess: <word>."
 
 _GUESS_LINE = re.compile(r"^\s*\**guess\**\s*:\s*(.*?)\s*$", re.IGNORECASE | re.MULTILINE)
 _ARTICLE = re.compile(r"^(a|an|the)\s+")
 
 
-def load_words(path: str | Path | None = None) -> list[str]:
+def word_list_file(word_list: str) -> tuple[Path, str]:
+    """The file and topic of a shipped word list (``nouns``, ``animals``), or of a file path (topic: a noun)."""
+    if word_list in WORD_LISTS:
+        return WORD_LISTS[word_list]
+    path = Path(word_list).expanduser()
+    if not path.is_file():
+        raise ValueError(f"word_list={word_list!r} is neither a shipped list {sorted(WORD_LISTS)} nor a file; "
+                         "pass one of those names or the path of a file with one word per line")
+    return path, "a common noun"
+
+
+def load_words(path: str | Path) -> list[str]:
     """The words of a word-list file: one per line, lower-cased; blank lines and ``#`` comments skipped."""
-    path = Path(path) if path is not None else WORDS_FILE
+    path = Path(path)
     words = [line.split("#", 1)[0].strip().lower() for line in path.read_text().splitlines()]
     words = [w for w in words if w]
     if len(words) < 2:
@@ -83,27 +123,37 @@ class TwentyQuestionsEnv(MessageEnv):
     """One game for one secret word (see the module docstring)."""
 
     def __init__(self, word: str, answerer: MessageCompleter, max_questions: int = 20,
-                 format_penalty: float = 0.0) -> None:
+                 format_penalty: float = 0.0, include_example: bool = False,
+                 topic: str = WORD_LISTS["nouns"][1], hide_word_in_answers: bool = False) -> None:
         if max_questions < 1:
             raise ValueError(f"max_questions={max_questions} must be at least 1")
         self.word = normalize_word(word)
         self.answerer = answerer
         self.max_questions = max_questions
         self.format_penalty = format_penalty
+        self.include_example = include_example
+        self.topic = topic
+        self.hide_word_in_answers = hide_word_in_answers
         self.turns = 0
         self.success = False
         self.format_errors = 0
 
     async def initial_messages(self) -> list[Message]:
-        return [{"role": "system", "content": PLAYER_PROMPT.format(max_questions=self.max_questions)},
-                {"role": "user", "content": FIRST_USER_MESSAGE}]
+        rules: Message = {"role": "system", "content": PLAYER_PROMPT.format(topic=self.topic,
+                                                                          max_questions=self.max_questions)}
+        if self.include_example:
+            return [rules, *EXAMPLE_GAME]
+        return [rules, {"role": "user", "content": FIRST_USER_MESSAGE}]
 
     async def answer(self, question: str) -> str:
         """The answerer's reply to ``question`` alone (it never sees the earlier turns)."""
         reply = await self.answerer([{"role": "system", "content": ANSWERER_PROMPT.format(word=self.word)},
                                      {"role": "user", "content": question}])
         text = message_text(reply).strip()
-        return text.splitlines()[0].strip() if text else "I don't know."
+        text = text.splitlines()[0].strip() if text else "I don't know."
+        if self.hide_word_in_answers:
+            text = re.sub(rf"\b{re.escape(self.word)}(s|es)?\b", HIDDEN_WORD, text, flags=re.IGNORECASE)
+        return text
 
     async def step(self, reply: Message, ended_cleanly: bool) -> MessageStepResult:
         self.turns += 1
@@ -115,7 +165,7 @@ class TwentyQuestionsEnv(MessageEnv):
         reward = float(self.success) - self.format_penalty * float(bad_format)
         done = self.success or self.turns >= self.max_questions
         metrics: Metrics = {"format": float(not bad_format), "guessed": float(guess is not None)}
-        logs = {"secret": self.word, "player": text}
+        logs: Logs = {"secret": self.word, "player": text}
         if done:
             return MessageStepResult(reward, True, metrics=metrics, logs=logs)
         if guess:
@@ -133,13 +183,11 @@ class TwentyQuestionsEnv(MessageEnv):
 
 
 class TwentyQuestionsGroupBuilder(EnvGroupBuilder):
-    """``group_size`` games for the same secret word (picklable: no lambdas)."""
+    """``group_size`` games for the same secret word; ``make_game`` makes one (a picklable partial, no lambda)."""
 
-    def __init__(self, word: str, renderer: Renderer, answerer: MessageCompleter, group_size: int,
-                 max_questions: int, format_penalty: float = 0.0) -> None:
-        self.word = word
+    def __init__(self, renderer: Renderer, make_game: Callable[[], TwentyQuestionsEnv], group_size: int) -> None:
         self.renderer = renderer
-        self.make_game = partial(TwentyQuestionsEnv, word, answerer, max_questions, format_penalty)
+        self.make_game = make_game
         self.group_size = group_size
 
     async def make_envs(self) -> Sequence[Env]:
@@ -150,21 +198,26 @@ class TwentyQuestionsGroupBuilder(EnvGroupBuilder):
 
 
 class TwentyQuestionsDataset(RLDataset):
-    """Batches of ``batch_size`` words (the last batch may be shorter), each played ``group_size`` times."""
+    """Batches of ``batch_size`` words (the last batch may be shorter), each played ``group_size`` times.
+
+    ``make_game(word)`` makes one game (``TwentyQuestionsEnv`` with the answerer and the rules bound).
+    """
 
     def __init__(self, words: Sequence[str], batch_size: int, group_size: int, renderer: Renderer,
-                 answerer: MessageCompleter, max_questions: int, format_penalty: float = 0.0) -> None:
+                 make_game: Callable[[str], TwentyQuestionsEnv]) -> None:
         if batch_size < 1 or group_size < 1:
             raise ValueError(f"batch_size={batch_size} and group_size={group_size} must be at least 1")
         self.words = list(words)
-        self.batch_size = batch_size
-        self.group = partial(TwentyQuestionsGroupBuilder, renderer=renderer, answerer=answerer,
-                             group_size=group_size, max_questions=max_questions, format_penalty=format_penalty)
+        self.batch_size, self.group_size = batch_size, group_size
+        self.renderer = renderer
+        self.make_game = make_game
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
         if not 0 <= index < len(self):
             raise IndexError(f"batch index {index} is outside [0, {len(self)})")
-        return [self.group(word) for word in self.words[index * self.batch_size : (index + 1) * self.batch_size]]
+        words = self.words[index * self.batch_size : (index + 1) * self.batch_size]
+        return [TwentyQuestionsGroupBuilder(self.renderer, partial(self.make_game, word), self.group_size)
+                for word in words]
 
     def __len__(self) -> int:
         return -(-len(self.words) // self.batch_size)
@@ -197,8 +250,16 @@ class TwentyQuestionsDatasetBuilder(RLDatasetBuilder):
     num_epochs: int = 1
     max_questions: int = 20
     format_penalty: float = 0.0
-    word_list: str | None = None
-    """A word-list file (one word per line); None: the shipped common nouns."""
+    include_example: bool = True
+    """Show a short finished example game before each game (small models learn the format from it)."""
+
+    hide_word_in_answers: bool = False
+    """Replace the secret word in the answerer's replies by ``[secret]``: a weak answerer names the word when
+    asked directly ("What animal is it?" -> "The answer is a zebra."), which the player can learn to exploit."""
+
+    word_list: str = "nouns"
+    """A shipped list (``nouns``: 181 common nouns; ``animals``: 41 animals, and the player is told the topic) or
+    the path of a file with one word per line."""
 
     split_seed: int = 0
     seed: int = 0
@@ -233,13 +294,15 @@ class TwentyQuestionsDatasetBuilder(RLDatasetBuilder):
                                       self.answerer_max_tokens, temperature=self.answerer_temperature)
 
     async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
-        train_words, test_words = split_words(load_words(self.word_list), self.split_seed)
+        path, topic = word_list_file(self.word_list)
+        train_words, test_words = split_words(load_words(path), self.split_seed)
         if self.max_test_words is not None:
             test_words = test_words[: self.max_test_words]
-        dataset = partial(TwentyQuestionsDataset, group_size=self.group_size,
-                          renderer=renderer_for(self.model_name_for_tokenizer, self.renderer_name),
-                          answerer=self.make_answerer(), max_questions=self.max_questions,
-                          format_penalty=self.format_penalty)
-        train = dataset(epoch_words(train_words, self.num_epochs, self.seed), self.batch_size)
-        test = dataset(test_words, len(test_words), group_size=self.test_group_size)
+        renderer = renderer_for(self.model_name_for_tokenizer, self.renderer_name)
+        make_game = partial(TwentyQuestionsEnv, answerer=self.make_answerer(), max_questions=self.max_questions,
+                            format_penalty=self.format_penalty, include_example=self.include_example, topic=topic,
+                            hide_word_in_answers=self.hide_word_in_answers)
+        train = TwentyQuestionsDataset(epoch_words(train_words, self.num_epochs, self.seed), self.batch_size,
+                                       self.group_size, renderer, make_game)
+        test = TwentyQuestionsDataset(test_words, len(test_words), self.test_group_size, renderer, make_game)
         return train, test
