@@ -43,7 +43,6 @@ DEFAULTS: dict[str, Any] = {
     "dataset_builder.max_questions": 5,
     "dataset_builder.word_list": "animals",
     "dataset_builder.test_group_size": 2,
-    "dataset_builder.max_test_words": 12,
     "learning_rate": 3e-4,
     "max_tokens": 16,
     "max_steps": 12,
