@@ -2,9 +2,10 @@
 
     python -m recipes.guess_number.train                                  # SmolLM2-135M-Instruct, numbers 1-10, CPU
     python -m recipes.guess_number.train max_steps=2 model_name=tinker-cookbook/tiny-smollm2   # smoke test
-    python -m recipes.guess_number.train model_name=Qwen/Qwen3-4B-Instruct-2507 dataset_builder.low=0 \\
-        dataset_builder.high=1024 dataset_builder.max_turns=10 dataset_builder.batch_size=32 learning_rate=3e-5 \\
-        max_tokens=64                                                     # the docs' settings, where the model is available
+    python -m recipes.guess_number.train model_name=Qwen/Qwen3-4B-Instruct-2507 dataset_builder.low=0 \
+        dataset_builder.high=1024 dataset_builder.max_turns=10 dataset_builder.format_penalty=1.0 \
+        dataset_builder.include_example=false dataset_builder.batch_size=32 dataset_builder.group_size=8 \
+        dataset_builder.n_batches=100 learning_rate=3e-5 max_tokens=64   # the docs' settings, where available
 
 The recipe is a chz Blueprint of the loop's ``Config`` with the defaults below applied; any field of ``Config`` or
 of the dataset builder (``dataset_builder.<field>``) can be set on the command line (``--help`` lists them).

@@ -1,14 +1,14 @@
 """Twenty questions with multi-turn, two-model RL (``tinker_cookbook.rl.multiturn.twenty_questions`` on
 ``tinker_cookbook.rl.train``).
 
-    python -m recipes.twenty_questions.train                       # SmolLM2-135M-Instruct plays and answers, CPU
+    python -m recipes.twenty_questions.train                       # SmolLM2-135M-Instruct plays and answers (animals)
     python -m tinker_cookbook.recipes.twenty_questions.train       # the docs' module path: the same recipe
     python -m recipes.twenty_questions.train max_steps=2 model_name=tinker-cookbook/tiny-smollm2   # smoke test
-    python -m recipes.twenty_questions.train model_name=Qwen/Qwen3-4B-Instruct-2507 \\
-        dataset_builder.answerer_model=Qwen/Qwen3-8B dataset_builder.answerer_renderer_name=qwen3_disable_thinking \\
-        dataset_builder.max_questions=20 dataset_builder.batch_size=64 dataset_builder.num_epochs=100 \\
-        dataset_builder.test_group_size=32 dataset_builder.max_test_words=null dataset_builder.answerer_max_tokens=5 \\
-        learning_rate=3e-5 max_tokens=20 eval_every=5 save_every=20     # the docs' settings, where the models exist
+    python -m recipes.twenty_questions.train model_name=meta-llama/Llama-3.1-8B-Instruct \
+        dataset_builder.word_list=nouns dataset_builder.include_example=false dataset_builder.max_questions=20 \
+        dataset_builder.batch_size=64 dataset_builder.num_epochs=100 dataset_builder.test_group_size=32 \
+        dataset_builder.answerer_max_tokens=5 learning_rate=3e-5 max_tokens=20 eval_every=5 save_every=20 \
+        max_steps=None                                             # the docs' settings, where the model is available
 
 The recipe is a chz Blueprint of the loop's ``Config`` with the defaults below applied; any field of ``Config`` or
 of the dataset builder (``dataset_builder.<field>``) can be set on the command line (``--help`` lists them).

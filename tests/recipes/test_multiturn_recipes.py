@@ -50,3 +50,11 @@ def test_multiturn_recipe_runs_two_iterations(tmp_path, module, extra):
 def test_multiturn_recipe_names_a_bad_argument(tmp_path):
     result = _run("recipes.guess_number.train", "dataset_builder.hgh=3", f"log_path={tmp_path}")
     assert result.returncode != 0 and "hgh" in result.stderr
+
+
+def test_multiturn_recipe_reports_a_user_error_in_one_line(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("")
+    result = _run("recipes.twenty_questions.train", f"model_name={TINY}", f"log_path={tmp_path}",
+                  "behavior_if_log_dir_exists=raise")
+    assert result.returncode == 1
+    assert "Error: log_path=" in result.stderr and "Traceback" not in result.stderr
