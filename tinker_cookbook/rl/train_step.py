@@ -132,7 +132,8 @@ def _decode(tokenizer: Any, tokens: Sequence[int]) -> str:
 
 def write_transcript(path: Path, title: str, groups_P: Sequence[TrajectoryGroup],
                      builders_P: Sequence[EnvGroupBuilder], tokenizer: Any, num_groups: int) -> Path | None:
-    """An HTML page with the first ``num_groups`` groups: each rollout's prompt, response, reward and metrics."""
+    """An HTML page with the first ``num_groups`` groups: each rollout's turns (prompt, response, reward, metrics
+    and logs); a turn whose prompt extends the previous turn shows only the tokens the env added."""
     if num_groups <= 0 or not groups_P:
         return None
     report = HtmlReport(title)
@@ -142,9 +143,16 @@ def write_transcript(path: Path, title: str, groups_P: Sequence[TrajectoryGroup]
                       f"rewards {[round(r, 3) for r in rewards_G]}")
         for t, (traj, reward) in enumerate(zip(group.trajectories_G, rewards_G, strict=True)):
             report.header(f"Rollout {t}: total reward {reward:.3f}", level=3)
+            context: list[int] = []
             for k, tr in enumerate(traj.transitions):
-                with report.details(f"turn {k} prompt ({tr.ob.length} tokens)"):
-                    report.text(_decode(tokenizer, tr.ob.to_ints()), css_class="prompt")
+                ob_ints = tr.ob.to_ints()
+                if context and ob_ints[: len(context)] == context:
+                    # A multi-turn observation that extends the last turn: show only what the env added.
+                    report.text(_decode(tokenizer, ob_ints[len(context):]), css_class="prompt")
+                else:
+                    with report.details(f"turn {k} prompt ({tr.ob.length} tokens)"):
+                        report.text(_decode(tokenizer, ob_ints), css_class="prompt")
+                context = ob_ints + list(tr.ac.tokens)
                 css = "response good" if tr.reward > 0.5 else "response bad"
                 report.text(_decode(tokenizer, tr.ac.tokens), css_class=css)
                 report.table({"reward": tr.reward, "stop_reason": tr.ac.stop_reason, **tr.metrics, **tr.logs})
