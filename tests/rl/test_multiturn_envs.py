@@ -63,16 +63,16 @@ class TextPolicy(TokenCompleter):
 
     async def __call__(self, model_input: tinker.ModelInput, stop: StopCondition, *,
                        max_tokens: int | None = None) -> TokensWithLogprobs:
-        text = self.replies[self.calls % len(self.replies)]
+        turn, text = self.calls, self.replies[self.calls % len(self.replies)]
+        self.calls += 1
         if self.split_chars:
             tokens = [t for ch in text for t in self.renderer.encode(ch)]
         else:
             tokens = self.renderer.encode(text)
-        if self.calls not in self.cut_off:
-            tokens.append(self.renderer.get_stop_sequences()[0])
-        self.calls += 1
-        return TokensWithLogprobs(tokens, [-0.5] * len(tokens), "stop" if self.calls - 1 not in self.cut_off
-                                  else "length")
+        if turn in self.cut_off:
+            return TokensWithLogprobs(tokens, [-0.5] * len(tokens), "length")
+        tokens.append(self.renderer.get_stop_sequences()[0])
+        return TokensWithLogprobs(tokens, [-0.5] * len(tokens), "stop")
 
 
 class ScriptedAnswerer(MessageCompleter):

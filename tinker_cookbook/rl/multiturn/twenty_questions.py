@@ -238,7 +238,7 @@ class TwentyQuestionsDatasetBuilder(RLDatasetBuilder):
     """Train on the train words, test on the unseen test words; the answerer shares the player's base weights.
 
     ``answerer_model=None`` uses ``model_name_for_tokenizer``: a sampling client of that base model, which the
-    local engine serves from the base weights it already loaded for training (no second copy of the model).
+    local engine serves from the base weights it already loaded for training (the model is not loaded twice).
     """
 
     batch_size: int
