@@ -75,7 +75,13 @@ def defaults(args: Mapping[str, str]) -> dict[str, Any]:
         COMMON + "batch_size": 16,
         COMMON + "max_length": 256,
     }
-    # Only computed when not given: a model without a recommendation works with an explicit value.
+    return {**values, **model_dependent_defaults(args, model)}
+
+
+def model_dependent_defaults(args: Mapping[str, str], model: str) -> dict[str, Any]:
+    """``renderer_name`` and ``learning_rate`` for ``model``, each only when not given on the command line (so a
+    model without a recommendation or known dimensions works with explicit values)."""
+    values: dict[str, Any] = {}
     if "renderer_name" not in args:
         values["renderer_name"] = resolve_renderer_name(model, None)
     if "learning_rate" not in args:

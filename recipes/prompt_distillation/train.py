@@ -29,7 +29,7 @@ from chz.blueprint import Reference
 
 from recipes import sl_basic
 from recipes.prompt_distillation import create_data
-from tinker_cookbook import hyperparam_utils, renderers, tinker
+from tinker_cookbook import renderers, tinker
 from tinker_cookbook.cli_utils import run_recipe
 from tinker_cookbook.eval.evaluators import SamplingClientEvaluator
 from tinker_cookbook.exceptions import ConfigurationError
@@ -93,11 +93,7 @@ def defaults(args: Mapping[str, str]) -> dict[str, Any]:
         COMMON + "batch_size": 8,
         COMMON + "max_length": 128,
     }
-    if "renderer_name" not in args:
-        values["renderer_name"] = resolve_renderer_name(model, None)
-    if "learning_rate" not in args:
-        values["learning_rate"] = hyperparam_utils.get_lr(model)
-    return values
+    return {**values, **sl_basic.model_dependent_defaults(args, model)}
 
 
 def main(config: train.Config) -> None:
