@@ -13,14 +13,12 @@ it would on a server); then exit hooks stop the sampler (its pending requests fa
 
 from __future__ import annotations
 
-import atexit
 import collections
 import concurrent.futures
 import functools
 import sys
 import threading
 import warnings
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,6 +27,7 @@ import torch
 
 from tinker_cookbook.engine import models
 from tinker_cookbook.engine.checkpoint_store import CheckpointKind, CheckpointStore
+from tinker_cookbook.engine.exit_hooks import CloseAtExit
 from tinker_cookbook.engine.training import BaseModel, TrainingSession, read_sampler_adapter
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import (
@@ -67,7 +66,7 @@ class LocalBackend:
         self._worker_ident: int | None = None
         self._submitting = threading.local()
         self._collected: collections.deque[str] = collections.deque()
-        _close_at_exit(self)
+        _open_backends.add(self)
 
     @classmethod
     def default(cls) -> LocalBackend:
@@ -298,30 +297,17 @@ _CLOSED_MESSAGE = (
     "the local engine is closed (LocalBackend.close() was called, or the process is exiting); "
     "create a new ServiceClient to start a new engine"
 )
-_open_backends: weakref.WeakSet[LocalBackend] = weakref.WeakSet()
-_exit_hook_lock = threading.Lock()
-_exit_hook_registered = False
-
-
-def _close_at_exit(backend: LocalBackend) -> None:
-    """Have ``backend`` closed by an exit hook (registered once per process)."""
-    global _exit_hook_registered
-    with _exit_hook_lock:
-        if not _exit_hook_registered:
-            atexit.register(_close_open_backends)
-            _exit_hook_registered = True
-        _open_backends.add(backend)
-
-
-def _close_open_backends() -> None:
-    """atexit: mark every engine closed, so that clients collected from now on release nothing.
+def _mark_closed_at_exit(backend: LocalBackend) -> None:
+    """atexit: mark the engine closed, so that clients collected from now on release nothing.
 
     Python has joined the worker by now (after it ran the requests submitted before exit), and the sampler has
     its own exit hook, so nothing here waits or runs torch.
     """
-    for backend in list(_open_backends):
-        backend._closed = True
-        backend._worker.shutdown(wait=False)
+    backend._closed = True
+    backend._worker.shutdown(wait=False)
+
+
+_open_backends: CloseAtExit[LocalBackend] = CloseAtExit(_mark_closed_at_exit)
 
 
 def _as_api_error(fn: Callable[[], T]) -> T:

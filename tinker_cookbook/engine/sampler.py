@@ -36,14 +36,12 @@ Semantics (the Tinker docs are the spec):
 
 from __future__ import annotations
 
-import atexit
 import collections
 import concurrent.futures
 import os
 import random
 import secrets
 import threading
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Self
@@ -52,6 +50,7 @@ import torch
 import transformers
 
 from tinker_cookbook.engine import sampler_model
+from tinker_cookbook.engine.exit_hooks import CloseAtExit
 from tinker_cookbook.engine.sampler_batch import KVPool, Sequence, finish_reason, select_tokens
 from tinker_cookbook.engine.sampler_requests import (
     DEFAULT_MAX_TOKENS,
@@ -230,7 +229,7 @@ class SamplerEngine:
         self._batches: dict[int, _Batch] = {}
         # A daemon thread, so an idle engine never keeps the process alive; the exit hook stops it in time.
         self._thread = threading.Thread(target=self._run, name="tinker-sampler", daemon=True)
-        _stop_at_exit(self)
+        _running_engines.add(self)
         self._thread.start()
 
     # ---------------------------------------------------------------------------------------------------------
@@ -528,22 +527,7 @@ class SamplerEngine:
             self._fail(request, error)
 
 
-_running_engines: weakref.WeakSet[SamplerEngine] = weakref.WeakSet()
-_exit_hook_lock = threading.Lock()
-_exit_hook_registered = False
-
-
 def _stop_at_exit(engine: SamplerEngine) -> None:
-    """Have ``engine`` closed by an exit hook (registered once per process)."""
-    global _exit_hook_registered
-    with _exit_hook_lock:
-        if not _exit_hook_registered:
-            atexit.register(_close_running_engines)
-            _exit_hook_registered = True
-        _running_engines.add(engine)
-
-
-def _close_running_engines() -> None:
     """Stop every sampler worker while the interpreter is still whole.
 
     atexit hooks run after non-daemon threads have been joined and before finalization. A daemon worker left
@@ -551,8 +535,10 @@ def _close_running_engines() -> None:
     the forced unwinding through torch's C++ frames then aborts the process with "terminate called without an
     active exception". Requests still pending fail with ``RequestFailedError``.
     """
-    for engine in list(_running_engines):
-        engine.close(timeout=EXIT_JOIN_TIMEOUT_S)
+    engine.close(timeout=EXIT_JOIN_TIMEOUT_S)
+
+
+_running_engines: CloseAtExit[SamplerEngine] = CloseAtExit(_stop_at_exit)
 
 
 def _settle(
