@@ -28,7 +28,7 @@ import torch
 from tinker_cookbook.engine import models
 from tinker_cookbook.engine.checkpoint_store import CheckpointKind, CheckpointStore
 from tinker_cookbook.engine.exit_hooks import CloseAtExit
-from tinker_cookbook.engine.training import BaseModel, TrainingSession, read_sampler_adapter
+from tinker_cookbook.engine.training import BaseModel, CustomLossFn, TrainingSession, read_sampler_adapter
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import (
     BadRequestError,
@@ -102,6 +102,7 @@ class LocalBackend:
         return _as_api_error(fn)
 
     def submit_session(self, run_id: str, fn: Callable[[TrainingSession], T]) -> concurrent.futures.Future[T]:
+        """Run ``fn(session)`` on the engine thread, in order (the implementation of every training request)."""
         return self.submit(lambda: fn(self._session(run_id)))
 
     def _session(self, run_id: str) -> TrainingSession:
@@ -220,9 +221,40 @@ class LocalBackend:
         self._sessions.clear()
         self._bases.clear()
 
+    # -- training requests (each runs on the engine thread, after the requests submitted before it) -------
+
+    def forward(self, run_id: str, data: list[types.Datum], loss_fn: str, loss_fn_config: dict[str, float] | None,
+                backward: bool) -> concurrent.futures.Future[types.ForwardBackwardOutput]:
+        return self.submit_session(run_id, lambda s: s.forward(data, loss_fn, loss_fn_config, backward=backward))
+
+    def forward_backward_custom(self, run_id: str, data: list[types.Datum], loss_fn: CustomLossFn
+                                ) -> concurrent.futures.Future[types.ForwardBackwardOutput]:
+        return self.submit_session(run_id, lambda s: s.forward_backward_custom(data, loss_fn))
+
+    def optim_step(self, run_id: str, adam_params: types.AdamParams
+                   ) -> concurrent.futures.Future[types.OptimStepResponse]:
+        return self.submit_session(run_id, lambda s: s.optim_step(adam_params))
+
+    def save(self, run_id: str, kind: str, name: str, ttl_seconds: int | None,
+             overwrite: bool = False) -> concurrent.futures.Future[str]:
+        return self.submit_session(run_id, lambda s: self._save(s, kind, name, ttl_seconds, overwrite))
+
+    def load(self, run_id: str, path: str, with_optimizer: bool
+             ) -> concurrent.futures.Future[types.LoadWeightsResponse]:
+        return self.submit_session(run_id, lambda s: self._load(s, path, with_optimizer))
+
+    def snapshot(self, run_id: str, name: str | None) -> concurrent.futures.Future[SamplerHandle]:
+        """Sampling weights of the adapter as it is when this request runs; with a name, also saved as a
+        ``sampler_weights/`` checkpoint that the handle then names."""
+        def take(session: TrainingSession) -> SamplerHandle:
+            path = None if name is None else self._save(session, "sampler_weights", name, None, True)
+            return self.snapshot_handle(session, path)
+
+        return self.submit_session(run_id, take)
+
     # -- checkpoints ------------------------------------------------------------------------------------
 
-    def save(self, session: TrainingSession, kind: str, name: str, ttl_seconds: int | None, overwrite: bool = False) -> str:
+    def _save(self, session: TrainingSession, kind: str, name: str, ttl_seconds: int | None, overwrite: bool) -> str:
         if kind not in ("weights", "sampler_weights"):
             raise InternalServerError(f"save: unknown checkpoint kind {kind!r} (an engine bug)")
         checkpoint_kind: CheckpointKind = "weights" if kind == "weights" else "sampler_weights"
@@ -232,7 +264,7 @@ class LocalBackend:
         )
         return checkpoint.tinker_path
 
-    def load(self, session: TrainingSession, path: str, with_optimizer: bool) -> types.LoadWeightsResponse:
+    def _load(self, session: TrainingSession, path: str, with_optimizer: bool) -> types.LoadWeightsResponse:
         meta = self.store.checkpoint_metadata(path)
         if meta.get("base_model") != session.base.spec.name:
             raise BadRequestError(f"{path} was trained on {meta.get('base_model')!r}, but this client's base model is "

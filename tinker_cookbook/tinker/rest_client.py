@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 from tinker_cookbook.tinker import errors, types
-from tinker_cookbook.tinker._backend import CheckpointStoreAPI
+from tinker_cookbook.tinker._backend import CheckpointStoreAPI, resolve_store
 from tinker_cookbook.tinker.futures import APIFuture
 
 T = TypeVar("T")
@@ -63,11 +63,7 @@ class RestClient:
     """Query and manage training runs and checkpoints."""
 
     def __init__(self, store: CheckpointStoreAPI | None = None):
-        if store is None:
-            from tinker_cookbook.tinker._local import local_store
-
-            store = local_store()
-        self.store = store
+        self.store = store if store is not None else resolve_store(None)
 
     # -- plain implementations (shared by the sync and async forms) ----------------------------------------
 

@@ -7,7 +7,7 @@ blocking work), so the event loop keeps running while a client is being created.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -18,27 +18,22 @@ from tinker_cookbook.tinker.rest_client import RestClient
 from tinker_cookbook.tinker.sampling_client import SamplingClient
 from tinker_cookbook.tinker.training_client import TrainingClient
 
-if TYPE_CHECKING:
-    from tinker_cookbook.tinker._backend import Backend
+from tinker_cookbook.tinker._backend import Backend, resolve_backend
 
 
 class ServiceClient:
-    """Connects to the local engine (shared by all clients of the process).
+    """Connects to the engine that trains and samples.
 
-    ``api_key`` and ``project_id`` are accepted for source compatibility and ignored. ``base_url`` must be None
-    (or "local"): this build runs everything in-process.
+    ``base_url`` None (or "local"): the in-process engine, shared by all clients of the process. A URL
+    (``http://host:port``): a server that speaks the Tinker protocol (``tinker-cookbook serve``, or the hosted
+    service), reached through the official ``tinker`` SDK (``pip install tinker_cookbook[remote]``); ``api_key``
+    goes to that server. ``project_id`` is accepted for source compatibility and ignored.
     """
 
     def __init__(self, user_metadata: dict[str, str] | None = None, project_id: str | None = None,
                  base_url: str | None = None, api_key: str | None = None, **kwargs: Any) -> None:
-        if base_url not in (None, "local"):
-            raise BadRequestError(
-                f"base_url={base_url!r}: remote Tinker servers are not supported by this build; "
-                "omit base_url to use the local engine"
-            )
-        from tinker_cookbook.tinker._local import local_backend
-
-        self._backend: Backend = local_backend()
+        self._backend: Backend = resolve_backend(base_url, api_key)
+        self.base_url = base_url
         self.user_metadata = user_metadata
 
     def get_server_capabilities(self) -> types.GetServerCapabilitiesResponse:
@@ -111,6 +106,7 @@ class ServiceClient:
         return await asyncio.to_thread(self.create_sampling_client, model_path, base_model)
 
     def create_rest_client(self) -> RestClient:
+        """Runs and checkpoints of the same engine or server."""
         return RestClient(self._backend.store)
 
 

@@ -12,22 +12,25 @@ or until it is garbage collected; a snapshot ``SamplingClient`` keeps working af
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError
 from tinker_cookbook.tinker.futures import APIFuture
 
-if TYPE_CHECKING:
-    import torch
+from tinker_cookbook.tinker._backend import CustomLossFn
 
+if TYPE_CHECKING:
     from tinker_cookbook.tinker._backend import Backend
     from tinker_cookbook.tinker.sampling_client import SamplingClient
 
-CustomLossFn = Callable[[list[types.Datum], list["torch.Tensor"]], tuple["torch.Tensor", dict[str, float]]]
+__all__ = ["CustomLossFn", "TrainingClient"]
+
+T = TypeVar("T")
 
 
 def _copy_data(data: Any) -> Any:
@@ -63,9 +66,10 @@ class TrainingClient:
                 "released. Create a new training client (from a save_state checkpoint to continue training)"
             )
 
-    def _submit(self, fn: Callable[[Any], Any]) -> APIFuture[Any]:
+    def _submit(self, request: Callable[[], concurrent.futures.Future[T]]) -> APIFuture[T]:
+        """Send one request to the backend (after the earlier ones of this client)."""
         self._check_open()
-        return APIFuture(self._backend.submit_session(self.model_id, fn))
+        return APIFuture(request())
 
     # -- lifetime ---------------------------------------------------------------------------------------
 
@@ -97,7 +101,7 @@ class TrainingClient:
                 loss_fn_config: dict[str, float] | None = None) -> APIFuture[types.ForwardBackwardOutput]:
         """Loss and per-token logprobs without gradients."""
         batch = _copy_data(data)
-        return self._submit(lambda s: s.forward(batch, loss_fn, loss_fn_config, backward=False))
+        return self._submit(lambda: self._backend.forward(self.model_id, batch, loss_fn, loss_fn_config, False))
 
     async def forward_async(self, data: list[types.Datum], loss_fn: types.LossFnType,
                             loss_fn_config: dict[str, float] | None = None) -> APIFuture[types.ForwardBackwardOutput]:
@@ -107,7 +111,7 @@ class TrainingClient:
                          loss_fn_config: dict[str, float] | None = None) -> APIFuture[types.ForwardBackwardOutput]:
         """Loss, logprobs, and gradients, which accumulate until ``optim_step``."""
         batch = _copy_data(data)
-        return self._submit(lambda s: s.forward(batch, loss_fn, loss_fn_config, backward=True))
+        return self._submit(lambda: self._backend.forward(self.model_id, batch, loss_fn, loss_fn_config, True))
 
     async def forward_backward_async(self, data: list[types.Datum], loss_fn: types.LossFnType,
                                      loss_fn_config: dict[str, float] | None = None
@@ -126,7 +130,7 @@ class TrainingClient:
         """
         _check_loss_type_input(loss_type_input)
         batch = _copy_data(data)
-        return self._submit(lambda s: s.forward_backward_custom(batch, loss_fn))
+        return self._submit(lambda: self._backend.forward_backward_custom(self.model_id, batch, loss_fn))
 
     async def forward_backward_custom_async(self, data: list[types.Datum], loss_fn: CustomLossFn, *,
                                             loss_type_input: Literal["logprobs"] | None = None
@@ -135,7 +139,7 @@ class TrainingClient:
 
     def optim_step(self, adam_params: types.AdamParams) -> APIFuture[types.OptimStepResponse]:
         """One AdamW step on the accumulated gradients, which are then cleared."""
-        return self._submit(lambda s: s.optim_step(adam_params))
+        return self._submit(lambda: self._backend.optim_step(self.model_id, adam_params))
 
     async def optim_step_async(self, adam_params: types.AdamParams) -> APIFuture[types.OptimStepResponse]:
         return self.optim_step(adam_params)
@@ -145,8 +149,8 @@ class TrainingClient:
     def save_state(self, name: str, ttl_seconds: int | None = None,
                    overwrite: bool = False) -> APIFuture[types.SaveWeightsResponse]:
         """Save weights and optimizer state to ``tinker://<model_id>/weights/<name>``."""
-        return self._submit(lambda s: types.SaveWeightsResponse(
-            path=self._backend.save(s, "weights", name, ttl_seconds, overwrite), type="save_weights"))
+        return self._submit(lambda: self._backend.save(self.model_id, "weights", name, ttl_seconds, overwrite)).map(
+            lambda path: types.SaveWeightsResponse(path=path, type="save_weights"))
 
     async def save_state_async(self, name: str, ttl_seconds: int | None = None,
                                overwrite: bool = False) -> APIFuture[types.SaveWeightsResponse]:
@@ -154,7 +158,7 @@ class TrainingClient:
 
     def load_state(self, path: str, weights_access_token: str | None = None) -> APIFuture[types.LoadWeightsResponse]:
         """Load weights from a ``weights/`` checkpoint; the optimizer starts fresh."""
-        return self._submit(lambda s: self._backend.load(s, path, with_optimizer=False))
+        return self._submit(lambda: self._backend.load(self.model_id, path, False))
 
     async def load_state_async(self, path: str, weights_access_token: str | None = None
                                ) -> APIFuture[types.LoadWeightsResponse]:
@@ -163,7 +167,7 @@ class TrainingClient:
     def load_state_with_optimizer(self, path: str, weights_access_token: str | None = None
                                   ) -> APIFuture[types.LoadWeightsResponse]:
         """Load weights and Adam state from a ``weights/`` checkpoint, to resume training exactly."""
-        return self._submit(lambda s: self._backend.load(s, path, with_optimizer=True))
+        return self._submit(lambda: self._backend.load(self.model_id, path, True))
 
     async def load_state_with_optimizer_async(self, path: str, weights_access_token: str | None = None
                                               ) -> APIFuture[types.LoadWeightsResponse]:
@@ -172,9 +176,9 @@ class TrainingClient:
     def save_weights_for_sampler(self, name: str, ttl_seconds: int | None = None
                                  ) -> APIFuture[types.SaveWeightsForSamplerResponse]:
         """Save the adapter (PEFT format) to ``tinker://<model_id>/sampler_weights/<name>``."""
-        return self._submit(lambda s: types.SaveWeightsForSamplerResponse(
-            path=self._backend.save(s, "sampler_weights", name, ttl_seconds, overwrite=True),
-            type="save_weights_for_sampler"))
+        return self._submit(
+            lambda: self._backend.save(self.model_id, "sampler_weights", name, ttl_seconds, True)
+        ).map(lambda path: types.SaveWeightsForSamplerResponse(path=path, type="save_weights_for_sampler"))
 
     async def save_weights_for_sampler_async(self, name: str, ttl_seconds: int | None = None
                                              ) -> APIFuture[types.SaveWeightsForSamplerResponse]:
@@ -192,13 +196,8 @@ class TrainingClient:
     def _snapshot_future(self, name: str | None) -> APIFuture[SamplingClient]:
         from tinker_cookbook.tinker.sampling_client import SamplingClient
 
-        def snapshot(session: Any) -> SamplingClient:
-            path = None
-            if name is not None:
-                        path = self._backend.save(session, "sampler_weights", name, None, overwrite=True)
-            return SamplingClient(self._backend, self._backend.snapshot_handle(session, path))
-
-        return self._submit(snapshot)
+        return self._submit(lambda: self._backend.snapshot(self.model_id, name)).map(
+            lambda handle: SamplingClient(self._backend, handle))
 
     def create_sampling_client(self, model_path: str, retry_config: Any = None) -> SamplingClient:
         from tinker_cookbook.tinker.sampling_client import SamplingClient
