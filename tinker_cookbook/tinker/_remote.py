@@ -1,0 +1,429 @@
+"""The remote backend: the same ``Backend`` operations, sent to a Tinker-protocol server by the official SDK.
+
+``ServiceClient(base_url="http://host:port")`` (and every loop and recipe given ``base_url=...``) lands here: this
+project's clients keep their interface, and each operation becomes one call of the official ``tinker`` SDK's
+clients, with the data converted between this project's types and the SDK's at the boundary. The SDK is an
+optional dependency (``pip install tinker_cookbook[remote]``), imported only when a remote client is created.
+
+Errors come back as this project's error classes: an HTTP status maps to the class of the same name, and a failed
+request keeps the class the server named in its message (``NotFoundError: ...``) when it is one of ours.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ipaddress
+import os
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlparse
+
+from tinker_cookbook.tinker import errors, types
+from tinker_cookbook.tinker._backend import CheckpointKind, CustomLossFn
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+INSTALL_HINT = "pip install 'tinker_cookbook[remote]'"
+LOOPBACK_API_KEY = "tml-local-no-key"
+"""Sent to a loopback server when no key is given: the SDK refuses to start without a ``tml-`` key, and a server
+on 127.0.0.1 that was started without ``--api-key`` checks none."""
+
+
+def import_sdk() -> Any:
+    """The official ``tinker`` SDK module, or one clear error saying how to install it."""
+    try:
+        import tinker as sdk  # the official SDK (a top-level package; this project's API is tinker_cookbook.tinker)
+    except ImportError as exc:
+        raise errors.BadRequestError(
+            f"base_url names a remote Tinker server, which is reached through the official tinker SDK, and it is "
+            f"not installed ({exc}); install it with `{INSTALL_HINT}`, or omit base_url to use the local engine"
+        ) from None
+    if not hasattr(sdk, "ServiceClient"):
+        raise errors.BadRequestError(
+            f"the module named 'tinker' ({getattr(sdk, '__file__', '?')}) is not the official tinker SDK; "
+            f"install it with `{INSTALL_HINT}`")
+    return sdk
+
+
+def is_loopback(base_url: str) -> bool:
+    host = urlparse(base_url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_api_key(base_url: str, api_key: str | None) -> str | None:
+    """The key to send: the given one, else $TINKER_API_KEY, else (loopback only) a placeholder."""
+    key = api_key or os.environ.get("TINKER_API_KEY")
+    if key is None and is_loopback(base_url):
+        return LOOPBACK_API_KEY
+    return key
+
+
+# -- errors ---------------------------------------------------------------------------------------------------
+
+_BY_STATUS: dict[int, type[errors.APIStatusError]] = {
+    400: errors.BadRequestError, 401: errors.AuthenticationError, 402: errors.BillingError,
+    403: errors.PermissionDeniedError, 404: errors.NotFoundError, 409: errors.ConflictError,
+    422: errors.UnprocessableEntityError, 429: errors.RateLimitError,
+}
+_OUR_CLASS = re.compile(r"Request failed: (?P<cls>[A-Za-z]+Error): (?P<msg>.*?)(?: for self\.request_id=.*)?$", re.S)
+
+
+def translate_error(exc: BaseException) -> BaseException:
+    """This project's error class for an SDK exception (anything else passes through unchanged)."""
+    sdk = import_sdk()
+    if isinstance(exc, errors.TinkerError):
+        return exc
+    message = str(exc)
+    if isinstance(exc, sdk.RequestFailedError):
+        match = _OUR_CLASS.match(message)
+        if match is not None:
+            cls = getattr(errors, match["cls"], None)
+            if isinstance(cls, type) and issubclass(cls, errors.TinkerError):
+                return cls(match["msg"])
+        category = str(getattr(exc, "category", "")).lower()
+        return (errors.BadRequestError if category.endswith("user") else errors.RequestFailedError)(message)
+    if isinstance(exc, sdk.APIStatusError):
+        body = getattr(exc, "body", None)
+        detail = body.get("detail") if isinstance(body, dict) else None
+        status = int(getattr(exc, "status_code", 500))
+        cls = _BY_STATUS.get(status, errors.InternalServerError if status >= 500 else errors.APIStatusError)
+        return cls(str(detail) if detail else message)
+    if isinstance(exc, sdk.APITimeoutError):
+        return errors.APITimeoutError(message)
+    if isinstance(exc, sdk.APIConnectionError):
+        return errors.APIConnectionError(message)
+    return exc
+
+
+def call(fn: Callable[[], T]) -> T:
+    """Run an SDK call now, with its errors translated."""
+    try:
+        return fn()
+    except Exception as exc:
+        translated = translate_error(exc)
+        if translated is exc:
+            raise
+        raise translated from exc
+
+
+def adapt(future: concurrent.futures.Future[T], convert: Callable[[T], U]) -> concurrent.futures.Future[U]:
+    """A future of ``convert(result)`` with the SDK's errors translated."""
+    out: concurrent.futures.Future[U] = concurrent.futures.Future()
+
+    def copy(src: concurrent.futures.Future[T]) -> None:
+        if src.cancelled():
+            out.set_exception(errors.RequestFailedError("the request was cancelled"))
+            return
+        error = src.exception()
+        if error is not None:
+            translated = translate_error(error)
+            if translated is not error:
+                translated.__cause__ = error
+            out.set_exception(translated)
+            return
+        try:
+            out.set_result(convert(src.result()))
+        except Exception as exc:  # noqa: BLE001 - a conversion failure belongs to the caller's future
+            out.set_exception(exc)
+
+    future.add_done_callback(copy)
+    return out
+
+
+def _sdk_future(value: Any) -> concurrent.futures.Future[Any]:
+    """The concurrent future behind an SDK future."""
+    return value.future()
+
+
+# -- converting data ------------------------------------------------------------------------------------------
+
+def to_sdk_model_input(sdk: Any, model_input: types.ModelInput) -> Any:
+    chunks: list[Any] = []
+    for chunk in model_input.chunks:
+        if isinstance(chunk, types.EncodedTextChunk):
+            chunks.append(sdk.types.EncodedTextChunk(tokens=list(chunk.tokens)))
+        elif isinstance(chunk, types.ImageChunk):
+            chunks.append(sdk.types.ImageChunk(data=chunk.data, format=chunk.format,
+                                               expected_tokens=chunk.expected_tokens))
+        else:
+            raise errors.BadRequestError(f"{type(chunk).__name__} chunks cannot be sent to a remote server; "
+                                         "send the image itself as an ImageChunk")
+    return sdk.types.ModelInput(chunks=chunks)
+
+
+def to_sdk_tensor(sdk: Any, td: types.TensorData) -> Any:
+    return sdk.types.TensorData(data=list(td.data), dtype=td.dtype, shape=list(td.shape) if td.shape else None)
+
+
+def to_sdk_datum(sdk: Any, datum: types.Datum) -> Any:
+    return sdk.types.Datum(
+        model_input=to_sdk_model_input(sdk, datum.model_input),
+        loss_fn_inputs={name: to_sdk_tensor(sdk, td) for name, td in datum.loss_fn_inputs.items()},
+    )
+
+
+def to_sdk_data(sdk: Any, data: Any) -> list[Any]:
+    if not isinstance(data, list | tuple) or not all(isinstance(d, types.Datum) for d in data):
+        raise errors.BadRequestError("data must be a list of tinker_cookbook.tinker.types.Datum")
+    return [to_sdk_datum(sdk, d) for d in data]
+
+
+def from_sdk_tensor(td: Any) -> types.TensorData:
+    return types.TensorData(data=td.data, dtype=td.dtype, shape=list(td.shape) if td.shape is not None else None)
+
+
+def from_sdk_forward_output(out: Any) -> types.ForwardBackwardOutput:
+    return types.ForwardBackwardOutput(
+        loss_fn_output_type=out.loss_fn_output_type,
+        loss_fn_outputs=[{name: from_sdk_tensor(td) for name, td in item.items()} for item in out.loss_fn_outputs],
+        metrics=dict(out.metrics),
+    )
+
+
+def from_sdk_sample_response(response: Any) -> types.SampleResponse:
+    return types.SampleResponse(
+        sequences=[types.SampledSequence(stop_reason=seq.stop_reason, tokens=list(seq.tokens),
+                                         logprobs=None if seq.logprobs is None else list(seq.logprobs))
+                   for seq in response.sequences],
+        prompt_logprobs=response.prompt_logprobs,
+        topk_prompt_logprobs=response.topk_prompt_logprobs,
+    )
+
+
+def to_sdk_sampling_params(sdk: Any, params: types.SamplingParams) -> Any:
+    return sdk.types.SamplingParams(**params.model_dump(exclude_none=True))
+
+
+def _pydantic(model: type[T], value: Any) -> T:
+    return model.model_validate(value.model_dump())  # type: ignore[attr-defined]
+
+
+# -- sampler handles ------------------------------------------------------------------------------------------
+
+@dataclass
+class RemoteSamplerHandle:
+    client: Any
+    base_model: str
+    model_path: str | None
+    _tokenizer: Any = field(default=None, repr=False)
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from tinker_cookbook.base.tokenizers import get_tokenizer
+
+            self._tokenizer = get_tokenizer(self.base_model)
+        return self._tokenizer
+
+
+# -- the checkpoint store of a remote server ------------------------------------------------------------------
+
+class RemoteStore:
+    """``CheckpointStoreAPI`` over the SDK's RestClient."""
+
+    def __init__(self, rest_client: Any) -> None:
+        self._rest = rest_client
+
+    @classmethod
+    def connect(cls, base_url: str, api_key: str | None) -> RemoteStore:
+        sdk = import_sdk()
+        key = resolve_api_key(base_url, api_key)
+        return cls(call(lambda: sdk.RestClient(base_url=base_url, api_key=key)))
+
+    def get_run(self, run_id: str) -> types.TrainingRun:
+        return _pydantic(types.TrainingRun, call(lambda: self._rest.get_training_run(run_id).result()))
+
+    def list_runs(self, limit: int = 20, offset: int = 0) -> types.TrainingRunsResponse:
+        return _pydantic(types.TrainingRunsResponse,
+                         call(lambda: self._rest.list_training_runs(limit=limit, offset=offset).result()))
+
+    def list_checkpoints(self, run_id: str) -> types.CheckpointsListResponse:
+        return _pydantic(types.CheckpointsListResponse, call(lambda: self._rest.list_checkpoints(run_id).result()))
+
+    def list_user_checkpoints(self, limit: int = 100, offset: int = 0) -> types.CheckpointsListResponse:
+        return _pydantic(types.CheckpointsListResponse,
+                         call(lambda: self._rest.list_user_checkpoints(limit=limit, offset=offset).result()))
+
+    def get_checkpoint(self, tinker_path: str) -> types.Checkpoint:
+        parsed = types.ParsedCheckpointTinkerPath.from_tinker_path(tinker_path)
+        for checkpoint in self.list_checkpoints(parsed.training_run_id).checkpoints:
+            if checkpoint.tinker_path == tinker_path:
+                return checkpoint
+        raise errors.NotFoundError(f"no checkpoint {tinker_path!r} on the server")
+
+    def weights_info(self, tinker_path: str) -> types.WeightsInfoResponse:
+        return _pydantic(types.WeightsInfoResponse,
+                         call(lambda: self._rest.get_weights_info_by_tinker_path(tinker_path).result()))
+
+    def archive(self, tinker_path: str) -> Path:
+        raise errors.BadRequestError(f"{tinker_path}: archives of a remote server's checkpoints are not available "
+                                     "through this client; download them on the server")
+
+    def delete_checkpoint(self, tinker_path: str) -> None:
+        call(lambda: self._rest.delete_checkpoint_from_tinker_path(tinker_path).result())
+
+    def set_public(self, tinker_path: str, public: bool) -> None:
+        if public:
+            call(lambda: self._rest.publish_checkpoint_from_tinker_path(tinker_path).result())
+        else:
+            call(lambda: self._rest.unpublish_checkpoint_from_tinker_path(tinker_path).result())
+
+    def set_ttl(self, tinker_path: str, ttl_seconds: int | None) -> None:
+        call(lambda: self._rest.set_checkpoint_ttl_from_tinker_path(tinker_path, ttl_seconds).result())
+
+
+# -- the backend ----------------------------------------------------------------------------------------------
+
+class RemoteBackend:
+    """``Backend`` over the SDK's ServiceClient: one SDK session per instance (one per ``ServiceClient``)."""
+
+    def __init__(self, base_url: str, api_key: str | None = None) -> None:
+        self._sdk = sdk = import_sdk()
+        self.base_url = base_url
+        key = resolve_api_key(base_url, api_key)
+        self._service = call(lambda: sdk.ServiceClient(base_url=base_url, api_key=key))
+        self.store = RemoteStore(call(lambda: sdk.RestClient(base_url=base_url, api_key=key)))
+        self._clients: dict[str, Any] = {}
+        self._bases: dict[str, str] = {}  # run id -> base model
+        self._model_data: dict[str, types.ModelData] = {}
+        self._lock = threading.Lock()
+
+    # -- service -------------------------------------------------------------------------------------------
+    def capabilities(self) -> types.GetServerCapabilitiesResponse:
+        rest = self.store._rest
+        return _pydantic(types.GetServerCapabilitiesResponse, call(lambda: rest.get_server_capabilities().result()))
+
+    def model_data(self, base_model: str) -> types.ModelData:
+        with self._lock:
+            known = self._model_data.get(base_model)
+        return known or types.ModelData(model_name=base_model, tokenizer_id=base_model)
+
+    # -- training sessions ---------------------------------------------------------------------------------
+    def _adopt(self, client: Any) -> tuple[str, types.GetInfoResponse]:
+        info = _pydantic(types.GetInfoResponse, call(client.get_info))
+        base_model = info.model_name or info.model_data.model_name or ""
+        with self._lock:
+            self._clients[client.model_id] = client
+            self._bases[client.model_id] = base_model
+            if info.model_name:
+                self._model_data[info.model_name] = info.model_data
+        return client.model_id, info
+
+    def _client(self, run_id: str) -> Any:
+        with self._lock:
+            client = self._clients.get(run_id)
+        if client is None:
+            raise errors.NotFoundError(f"no live training client with model_id {run_id!r} in this process")
+        return client
+
+    def create_session(self, base_model: str, lora: types.LoraConfig, user_metadata: dict[str, str] | None) -> str:
+        client = call(lambda: self._service.create_lora_training_client(
+            base_model=base_model, rank=lora.rank, seed=lora.seed, train_mlp=lora.train_mlp,
+            train_attn=lora.train_attn, train_unembed=lora.train_unembed, user_metadata=user_metadata).result())
+        return self._adopt(client)[0]
+
+    def create_session_from_state(self, path: str, with_optimizer: bool, user_metadata: dict[str, str] | None
+                                  ) -> tuple[str, str, types.LoraConfig]:
+        weights = self.store.weights_info(path)
+        create = (self._service.create_training_client_from_state_with_optimizer if with_optimizer
+                  else self._service.create_training_client_from_state)
+        client = call(lambda: create(path, user_metadata=user_metadata).result())
+        run_id, _ = self._adopt(client)
+        lora = types.LoraConfig(rank=weights.lora_rank or 32, train_mlp=weights.train_mlp is not False,
+                                train_attn=weights.train_attn is not False,
+                                train_unembed=weights.train_unembed is not False)
+        return run_id, weights.base_model, lora
+
+    def forward(self, run_id: str, data: list[types.Datum], loss_fn: str, loss_fn_config: dict[str, float] | None,
+                backward: bool) -> concurrent.futures.Future[types.ForwardBackwardOutput]:
+        client = self._client(run_id)
+        sdk_data = to_sdk_data(self._sdk, data)
+        method = client.forward_backward if backward else client.forward
+        return adapt(_sdk_future(call(lambda: method(sdk_data, loss_fn, loss_fn_config))), from_sdk_forward_output)
+
+    def forward_backward_custom(self, run_id: str, data: list[types.Datum], loss_fn: CustomLossFn
+                                ) -> concurrent.futures.Future[types.ForwardBackwardOutput]:
+        client = self._client(run_id)
+        sdk_data = to_sdk_data(self._sdk, data)
+
+        # The SDK runs the loss on its own Datum objects; the caller's loss reads this project's, so it gets those.
+        def on_our_data(_sdk_data: Any, logprobs: list[Any]) -> tuple[Any, dict[str, float]]:
+            return loss_fn(list(data), logprobs)
+
+        return adapt(_sdk_future(call(lambda: client.forward_backward_custom(sdk_data, on_our_data))),
+                     from_sdk_forward_output)
+
+    def optim_step(self, run_id: str, adam_params: types.AdamParams
+                   ) -> concurrent.futures.Future[types.OptimStepResponse]:
+        client = self._client(run_id)
+        params = self._sdk.types.AdamParams(**adam_params.model_dump())
+        return adapt(_sdk_future(call(lambda: client.optim_step(params))),
+                     lambda r: types.OptimStepResponse(metrics=r.metrics))
+
+    def save(self, run_id: str, kind: CheckpointKind, name: str, ttl_seconds: int | None,
+             overwrite: bool = False) -> concurrent.futures.Future[str]:
+        client = self._client(run_id)
+        if kind == "weights":
+            sent = call(lambda: client.save_state(name, ttl_seconds=ttl_seconds, overwrite=overwrite))
+        else:
+            sent = call(lambda: client.save_weights_for_sampler(name, ttl_seconds=ttl_seconds))
+        return adapt(_sdk_future(sent), lambda r: str(r.path))
+
+    def load(self, run_id: str, path: str, with_optimizer: bool
+             ) -> concurrent.futures.Future[types.LoadWeightsResponse]:
+        client = self._client(run_id)
+        method = client.load_state_with_optimizer if with_optimizer else client.load_state
+        return adapt(_sdk_future(call(lambda: method(path))),
+                     lambda _: types.LoadWeightsResponse(path=path, type="load_weights"))
+
+    def snapshot(self, run_id: str, name: str | None) -> concurrent.futures.Future[RemoteSamplerHandle]:
+        client = self._client(run_id)
+        with self._lock:
+            base_model = self._bases[run_id]
+        sent = call(lambda: client.save_weights_and_get_sampling_client(name))
+        # A named snapshot is saved at the protocol's path for that name (the SDK's client does not expose it).
+        path = None if name is None else f"tinker://{run_id}/sampler_weights/{name}"
+        return adapt(_sdk_future(sent), lambda sampler: RemoteSamplerHandle(sampler, base_model, path))
+
+    def close_session(self, run_id: str) -> concurrent.futures.Future[None]:
+        # The server frees the adapter when this client's SDK session ends; here the client is only forgotten.
+        with self._lock:
+            self._clients.pop(run_id, None)
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        done.set_result(None)
+        return done
+
+    def release_collected(self, run_id: str) -> None:
+        with self._lock:
+            self._clients.pop(run_id, None)
+
+    # -- sampling ------------------------------------------------------------------------------------------
+    def handle_for_path(self, model_path: str) -> RemoteSamplerHandle:
+        sampler = call(lambda: self._service.create_sampling_client(model_path=model_path).result())
+        base_model = call(lambda: sampler.get_base_model())
+        return RemoteSamplerHandle(sampler, base_model, model_path)
+
+    def handle_for_base(self, base_model: str) -> RemoteSamplerHandle:
+        sampler = call(lambda: self._service.create_sampling_client(base_model=base_model).result())
+        return RemoteSamplerHandle(sampler, base_model, None)
+
+    def sample(self, handle: RemoteSamplerHandle, prompt: types.ModelInput, num_samples: int,
+               params: types.SamplingParams, include_prompt_logprobs: bool, topk_prompt_logprobs: int
+               ) -> concurrent.futures.Future[types.SampleResponse]:
+        sdk_prompt = to_sdk_model_input(self._sdk, prompt)
+        sdk_params = to_sdk_sampling_params(self._sdk, params)
+        sent = call(lambda: handle.client.sample(prompt=sdk_prompt, num_samples=num_samples,
+                                                 sampling_params=sdk_params,
+                                                 include_prompt_logprobs=include_prompt_logprobs,
+                                                 topk_prompt_logprobs=topk_prompt_logprobs))
+        return adapt(_sdk_future(sent), from_sdk_sample_response)
