@@ -1,10 +1,13 @@
 """The import layering rule, checked on the source (see ``tinker_cookbook/base/__init__.py``).
 
 - base (``tinker_cookbook.base``, ``.exceptions``, ``.perf_env``, the package ``__init__``): itself only;
-- contract (``tinker_cookbook.tinker``): base and itself; the engine only through the one bridge module that
-  builds the local backend (``tinker/_local.py``), never at import time of the API;
+- contract (``tinker_cookbook.tinker``): base and itself, never the engine: its clients talk to the ``Backend``
+  interface, and the backend comes from the wiring module, which the contract imports by name on first use;
 - engine (``tinker_cookbook.engine``): base, the contract's ``types`` and ``errors``, and itself;
-- cookbook (everything else in ``tinker_cookbook`` and ``recipes``): base, the public API and itself; never the engine.
+- wiring (``tinker_cookbook.backends``): picks the backend for a base URL, so it may import the engine, the
+  contract and base; the engine and the contract never import it;
+- cookbook (everything else in ``tinker_cookbook`` and ``recipes``, including the server): base, the public API,
+  the wiring module and itself; never the engine.
 
 Every import statement counts, including those inside functions and ``TYPE_CHECKING`` blocks, so that a lazy import
 cannot hide a dependency.
@@ -21,7 +24,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BASE_MODULES = {"tinker_cookbook", "tinker_cookbook.exceptions", "tinker_cookbook.perf_env"}
-CONTRACT_TO_ENGINE_BRIDGE = "tinker_cookbook.tinker._local"
+WIRING_MODULES = {"tinker_cookbook.backends"}
 ENGINE_MAY_USE_FROM_CONTRACT = {"tinker_cookbook.tinker.types", "tinker_cookbook.tinker.errors"}
 
 
@@ -29,6 +32,8 @@ def layer_of(module: str) -> str | None:
     if module in BASE_MODULES or module.startswith(("tinker_cookbook.base.", "tinker_cookbook.exceptions.",
                                                       "tinker_cookbook.perf_env.")) or module == "tinker_cookbook.base":
         return "base"
+    if module in WIRING_MODULES or any(module.startswith(m + ".") for m in WIRING_MODULES):
+        return "wiring"
     if module == "tinker_cookbook.tinker" or module.startswith("tinker_cookbook.tinker."):
         return "contract"
     if module == "tinker_cookbook.engine" or module.startswith("tinker_cookbook.engine."):
@@ -70,12 +75,12 @@ def violation(importer: str, imported: str) -> str | None:
         return None
     if src == "base" and dst != "base":
         return "the base layer imports only itself"
-    if src == "contract" and dst in ("engine", "cookbook"):
-        if dst == "engine" and importer == CONTRACT_TO_ENGINE_BRIDGE:
-            return None
-        return f"the API contract may reach the engine only through {CONTRACT_TO_ENGINE_BRIDGE}"
-    if src == "engine" and dst == "cookbook":
-        return "the engine must not import cookbook modules"
+    if src == "contract" and dst in ("engine", "cookbook", "wiring"):
+        return "the API contract imports neither the engine nor the cookbook; it reaches backends through Backend"
+    if src == "engine" and dst in ("cookbook", "wiring"):
+        return "the engine must not import cookbook or wiring modules"
+    if src == "wiring" and dst == "cookbook":
+        return "the wiring module imports only the engine, the contract and base"
     if src == "engine" and dst == "contract" and not any(
         imported == m or imported.startswith(m + ".") for m in ENGINE_MAY_USE_FROM_CONTRACT
     ) and imported != "tinker_cookbook.tinker":
@@ -121,7 +126,14 @@ def test_imports_follow_the_layering_rule():
         ("tinker_cookbook.engine.backend", "tinker_cookbook.tinker.errors.BadRequestError", True),
         ("tinker_cookbook.engine.backend", "tinker_cookbook.tinker.training_client", False),
         ("tinker_cookbook.tinker.rest_client", "tinker_cookbook.engine.checkpoint_store", False),
-        ("tinker_cookbook.tinker._local", "tinker_cookbook.engine.backend", True),
+        ("tinker_cookbook.tinker.service_client", "tinker_cookbook.engine.backend", False),
+        ("tinker_cookbook.tinker._backend", "tinker_cookbook.backends", False),
+        ("tinker_cookbook.backends", "tinker_cookbook.engine.backend", True),
+        ("tinker_cookbook.backends", "tinker_cookbook.tinker._remote", True),
+        ("tinker_cookbook.backends", "tinker_cookbook.supervised.train", False),
+        ("tinker_cookbook.server.tinker_api", "tinker_cookbook.engine.backend", False),
+        ("tinker_cookbook.server.tinker_api", "tinker_cookbook.backends", True),
+        ("tinker_cookbook.engine.backend", "tinker_cookbook.backends", False),
         ("tinker_cookbook.base.tokenizers", "tinker_cookbook.tinker.types", False),
         ("tinker_cookbook.tinker.types", "tinker_cookbook.renderers", False),
     ],
@@ -138,3 +150,15 @@ def test_importing_the_api_loads_no_engine():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert result.stdout.strip() == "[]"
+
+
+def test_the_contract_names_the_wiring_module_it_loads():
+    """The one dynamic import of the contract (``_backend.PROVIDER_MODULE``) is the wiring module, and that module
+    registers the factories: creating a client needs nothing else."""
+    from tinker_cookbook.tinker import _backend
+
+    assert _backend.PROVIDER_MODULE in WIRING_MODULES
+    code = ("from tinker_cookbook.tinker import _backend; _backend._registered(); "
+            "print(_backend._factories is not None)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert result.stdout.strip() == "True"

@@ -390,10 +390,26 @@ class RemoteBackend:
         client = self._client(run_id)
         with self._lock:
             base_model = self._bases[run_id]
-        sent = call(lambda: client.save_weights_and_get_sampling_client(name))
-        # A named snapshot is saved at the protocol's path for that name (the SDK's client does not expose it).
-        path = None if name is None else f"tinker://{run_id}/sampler_weights/{name}"
-        return adapt(_sdk_future(sent), lambda sampler: RemoteSamplerHandle(sampler, base_model, path))
+        # The SDK's snapshot is always unnamed; a name means a saved checkpoint as well. Both requests are sent now,
+        # back to back, so they see the same weights and stay in order with this client's other requests.
+        saved = None if name is None else self.save(run_id, "sampler_weights", name, None, True)
+        sampler = adapt(_sdk_future(call(lambda: client.save_weights_and_get_sampling_client())), lambda s: s)
+        out: concurrent.futures.Future[RemoteSamplerHandle] = concurrent.futures.Future()
+        once = threading.Lock()
+
+        def finish(_: object) -> None:
+            if not sampler.done() or (saved is not None and not saved.done()) or not once.acquire(blocking=False):
+                return  # the other part is still running, or the other callback already answered
+            error = next((p.exception() for p in (saved, sampler) if p is not None and p.exception()), None)
+            if error is not None:
+                out.set_exception(error)
+            else:
+                out.set_result(RemoteSamplerHandle(sampler.result(), base_model, saved.result() if saved else None))
+
+        for part in (saved, sampler):
+            if part is not None:
+                part.add_done_callback(finish)
+        return out
 
     def close_session(self, run_id: str) -> concurrent.futures.Future[None]:
         # The server frees the adapter when this client's SDK session ends; here the client is only forgotten.
