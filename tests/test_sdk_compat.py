@@ -115,7 +115,7 @@ def test_local_validation_errors_are_sdk_status_errors():
     # An `except tinker.APIStatusError` clause from ported code catches the local engine's validation errors, and
     # `except ValueError` keeps working as well.
     with pytest.raises(tinker.APIStatusError) as info:
-        tinker.ServiceClient(base_url="https://example.invalid")
+        tinker.ServiceClient(base_url="example.invalid")
     assert info.value.status_code == 400 and isinstance(info.value, ValueError)
 
 

@@ -101,6 +101,7 @@ def test_error_hierarchy():
     assert issubclass(tinker.NotFoundError, tinker.APIError)
 
 
-def test_remote_base_url_rejected():
+def test_base_url_that_is_no_server_url_is_rejected():
+    # A URL selects a remote server (tests/server); anything else that is not the local engine is a clear error.
     with pytest.raises(tinker.BadRequestError, match="base_url"):
-        tinker.ServiceClient(base_url="https://example.invalid")
+        tinker.ServiceClient(base_url="example.invalid")

@@ -11,7 +11,10 @@ deferred to the first client, so ``from tinker_cookbook import tinker`` stays fr
 
 from __future__ import annotations
 
+from urllib.parse import urlparse
+
 from tinker_cookbook.tinker._backend import Backend, CheckpointStoreAPI, register_backend_factories
+from tinker_cookbook.tinker.errors import BadRequestError
 
 LOCAL_BASE_URLS = (None, "", "local")
 
@@ -28,12 +31,24 @@ def local_backend() -> Backend:
     return LocalBackend.default()
 
 
+def check_server_url(base_url: object) -> str:
+    """``base_url`` as a server URL, or a BadRequestError that says what the field takes."""
+    parsed = urlparse(base_url) if isinstance(base_url, str) else None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise BadRequestError(
+            f"base_url={base_url!r} is neither the local engine nor a server URL; omit it (or pass 'local') to run "
+            "in this process, or pass the http(s):// URL of a Tinker-protocol server, e.g. http://127.0.0.1:8000"
+        )
+    return str(base_url)
+
+
 def backend_for(base_url: str | None, api_key: str | None = None) -> Backend:
     if is_local(base_url):
         return local_backend()
+    url = check_server_url(base_url)
     from tinker_cookbook.tinker._remote import RemoteBackend
 
-    return RemoteBackend(str(base_url), api_key)
+    return RemoteBackend(url, api_key)
 
 
 def store_for(base_url: str | None, api_key: str | None = None) -> CheckpointStoreAPI:
@@ -41,9 +56,10 @@ def store_for(base_url: str | None, api_key: str | None = None) -> CheckpointSto
         from tinker_cookbook.engine.checkpoint_store import CheckpointStore
 
         return CheckpointStore()
+    url = check_server_url(base_url)
     from tinker_cookbook.tinker._remote import RemoteStore
 
-    return RemoteStore.connect(str(base_url), api_key)
+    return RemoteStore.connect(url, api_key)
 
 
 register_backend_factories(backend_for, store_for)

@@ -10,14 +10,13 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-
 import tinker
+from server_utils import serve
 from tinker.proto import request_conv, response_conv
 from tinker.types import ForwardBackwardInput, ForwardBackwardRequest
+
 from tinker_cookbook.server import tinker_api, tinker_proto
 from tinker_cookbook.tinker import types
-
-from server_utils import serve
 
 MODEL = "tinker-cookbook/tiny-smollm2"
 

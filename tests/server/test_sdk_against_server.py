@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 
 import pytest
-
 import tinker  # the official SDK (tests/server/conftest.py skips this package without it)
 from tinker import types as sdk_types
+
 from tinker_cookbook import tinker as local_tinker
 from tinker_cookbook.base.tokenizers import get_tokenizer
 from tinker_cookbook.tinker import types

@@ -158,7 +158,8 @@ class Config:
     wandb_name: str | None = None
     """The wandb run name."""
     base_url: str | None = None
-    """The service to train on (None: the local engine)."""
+    """The service to train on: None, the in-process engine; an http(s) URL, a Tinker-protocol server (such as
+    `tinker-cookbook serve`) through the official SDK (`pip install tinker_cookbook[remote]`; key: $TINKER_API_KEY)."""
 
     @chz.validate
     def _check(self) -> None:

@@ -68,6 +68,7 @@ def fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
     while pos < len(buf):
         key, pos = _read_varint(buf, pos)
         number, wire = key >> 3, key & 7
+        value: Any
         if number == 0:
             raise ProtoError("field number 0")
         if wire == VARINT:
@@ -215,8 +216,9 @@ def _chunk(buf: bytes) -> types.ModelInputChunk:
             return types.EncodedTextChunk(tokens=_frombuffer(tokens, np.int32, "encoded_text tokens").tolist())
         if number == 2:
             image: dict[int, Any] = {n: v for n, _, v in fields(value)}
-            return types.ImageChunk(data=bytes(image.get(1, b"")), format=_text(image.get(2, b""), "image format"),
-                                    expected_tokens=image.get(3))
+            return types.ImageChunk.model_validate({"data": bytes(image.get(1, b"")),
+                                                    "format": _text(image.get(2, b""), "image format"),
+                                                    "expected_tokens": image.get(3)})
         if number == 3:
             raise ProtoError("audio (dmel) chunks are not supported by this server; send text or image chunks")
     raise ProtoError("a model_input chunk is empty; send an encoded_text or image chunk")

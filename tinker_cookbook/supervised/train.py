@@ -110,7 +110,8 @@ class Config:
     """Expiry of periodic checkpoints (None: kept); the final checkpoint never expires."""
 
     base_url: str | None = None
-    """The service to train on (None: the local engine)."""
+    """The service to train on: None, the in-process engine; an http(s) URL, a Tinker-protocol server (such as
+    `tinker-cookbook serve`) through the official SDK (`pip install tinker_cookbook[remote]`; key: $TINKER_API_KEY)."""
     wandb_project: str | None = None
     """Also log to this Weights & Biases project (None: no wandb)."""
     wandb_name: str | None = None

@@ -12,13 +12,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from tinker_cookbook.tinker import types
+from tinker_cookbook.tinker._backend import Backend, resolve_backend
 from tinker_cookbook.tinker.errors import BadRequestError
 from tinker_cookbook.tinker.futures import APIFuture
 from tinker_cookbook.tinker.rest_client import RestClient
 from tinker_cookbook.tinker.sampling_client import SamplingClient
 from tinker_cookbook.tinker.training_client import TrainingClient
-
-from tinker_cookbook.tinker._backend import Backend, resolve_backend
 
 
 class ServiceClient:

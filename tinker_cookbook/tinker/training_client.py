@@ -19,10 +19,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
 from tinker_cookbook.tinker import types
+from tinker_cookbook.tinker._backend import CustomLossFn
 from tinker_cookbook.tinker.errors import BadRequestError
 from tinker_cookbook.tinker.futures import APIFuture
-
-from tinker_cookbook.tinker._backend import CustomLossFn
 
 if TYPE_CHECKING:
     from tinker_cookbook.tinker._backend import Backend
