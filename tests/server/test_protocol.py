@@ -176,3 +176,42 @@ def test_sample_response_encodes_what_the_sdk_decodes() -> None:
         ("stop", [3, 4], [-0.5, -0.25]), ("length", [9], None)]
     assert decoded.prompt_logprobs == [None, -1.5, -2.0]
     assert decoded.topk_prompt_logprobs == [None, [(7, -0.5), (8, -1.0)], [(2, -0.75)]]
+
+
+def test_a_session_without_heartbeats_is_closed_and_frees_its_adapters(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fastapi
+
+    from tinker_cookbook.backends import local_backend
+
+    backend = local_backend()
+    app = fastapi.FastAPI()
+    app.include_router(tinker_api.build_router(backend))
+    for url in serve(app):
+        session_id = post(url, "create_session", json={"tags": [], "sdk_version": "test"}).json()["session_id"]
+        answer = post(url, "create_model", json={"session_id": session_id, "model_seq_id": 0, "base_model": MODEL,
+                                                 "lora_config": {"rank": 4}})
+        model_id = wait_result(url, answer.json()["request_id"])["model_id"]
+        assert post(url, "session_heartbeat", json={"session_id": session_id}).status_code == 200
+
+        monkeypatch.setattr(tinker_api, "SESSION_TIMEOUT_S", -1.0)  # every session is now overdue
+        post(url, "create_session", json={"tags": [], "sdk_version": "test"})  # any new session sweeps
+        backend.submit(lambda: None).result()  # the engine thread is FIFO: the queued release has run
+        assert model_id not in backend._sessions  # white-box: the adapter and its Adam state are gone
+        assert post(url, "session_heartbeat", json={"session_id": session_id}).status_code == 410
+        answer = post(url, "optim_step", json={"model_id": model_id, "adam_params": {"learning_rate": 0.1}})
+        assert answer.status_code == 404
+
+
+def test_a_session_keeps_a_bounded_number_of_sampling_sessions(server_url: str) -> None:
+    session_id = post(server_url, "create_session", json={"tags": [], "sdk_version": "test"}).json()["session_id"]
+    samplers = [post(server_url, "create_sampling_session",
+                     json={"session_id": session_id, "sampling_session_seq_id": i, "base_model": MODEL}
+                     ).json()["sampling_session_id"] for i in range(tinker_api.MAX_SAMPLERS_PER_SESSION + 1)]
+    sample = {"num_samples": 1, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
+              "sampling_params": {"max_tokens": 1}}
+    # The oldest one was dropped to keep the bound; the newest still samples.
+    assert post(server_url, "asample", json={**sample, "sampling_session_id": samplers[0]}).status_code == 404
+    answer = post(server_url, "asample", json={**sample, "sampling_session_id": samplers[-1]})
+    assert answer.status_code == 200 and len(answer.json()["sample_sequence_ids"]) == 1
+    post(server_url, f"sessions/{session_id}/finish", json={})
+    assert post(server_url, "asample", json={**sample, "sampling_session_id": samplers[-1]}).status_code == 404

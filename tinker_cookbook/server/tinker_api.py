@@ -30,6 +30,7 @@ import concurrent.futures
 import itertools
 import secrets
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +54,11 @@ MAX_NUM_SAMPLES = 128
 MAX_KEPT_RESULTS = 4096
 """Finished futures kept for (re-)retrieval; the oldest finished ones are dropped beyond this."""
 BLOCKING_WORKERS = 4
+SESSION_TIMEOUT_S = 600.0
+MAX_SAMPLERS_PER_SESSION = 8
+"""Sampling sessions a session keeps (each holds sampling weights); the least recently used beyond this are
+dropped. A loop that snapshots every step uses one or two at a time."""
+"""A session not heard from for this long (the SDK heartbeats every 10 s) is closed and its adapters freed."""
 """Threads for the requests that block (model loads, checkpoint reads), so the event loop keeps serving polls."""
 
 PROTOBUF = "application/x-protobuf"
@@ -209,6 +215,8 @@ class TtlBody(_Body):
 class _Session:
     user_metadata: dict[str, str] | None
     model_ids: list[str] = field(default_factory=list)
+    sampler_ids: OrderedDict[str, None] = field(default_factory=OrderedDict)  # least recently used first
+    last_seen: float = field(default_factory=time.monotonic)
     sampler_counter: itertools.count = field(default_factory=itertools.count)
 
 
@@ -217,6 +225,7 @@ class _Sampler:
     handle: Any
     base_model: str
     model_path: str | None
+    session_id: str
     clients: itertools.count = field(default_factory=lambda: itertools.count(1))
 
 
@@ -234,18 +243,45 @@ class _State:
         self.lock = threading.Lock()
         self.sessions: dict[str, _Session] = {}
         self.models: dict[str, str] = {}  # wire model id -> backend run id
+        self.model_sessions: dict[str, str] = {}  # wire model id -> session id
         self.samplers: dict[str, _Sampler] = {}
         self.futures: OrderedDict[str, _Pending] = OrderedDict()
         self.blocking = concurrent.futures.ThreadPoolExecutor(BLOCKING_WORKERS, thread_name_prefix="tinker-api")
 
-    # -- ids -----------------------------------------------------------------------------------------------
+    # -- sessions ------------------------------------------------------------------------------------------
     def session(self, session_id: str) -> _Session:
         with self.lock:
             found = self.sessions.get(session_id)
+            if found is not None:
+                found.last_seen = time.monotonic()
         if found is None:
-            raise errors.NotFoundError(f"session_id={session_id!r} is not an open session of this server; create "
-                                       "a new ServiceClient")
+            raise SessionGone(f"session_id={session_id!r} is not an open session of this server (it finished, or "
+                              f"sent no heartbeat for {SESSION_TIMEOUT_S:.0f} s); create a new ServiceClient")
         return found
+
+    def close_session(self, session_id: str) -> None:
+        """Forget the session and free the adapters and optimizer state of its training clients."""
+        with self.lock:
+            session = self.sessions.pop(session_id, None)
+            if session is None:
+                return
+            run_ids = [self.models.pop(m) for m in session.model_ids if m in self.models]
+            for model_id in session.model_ids:
+                self.model_sessions.pop(model_id, None)
+            for sampler_id in session.sampler_ids:
+                self.samplers.pop(sampler_id, None)
+        for run_id in run_ids:
+            self.backend.close_session(run_id)
+
+    def expire_sessions(self) -> None:
+        """Close the sessions whose client went away without finishing them (a crash, a lost connection)."""
+        now = time.monotonic()
+        with self.lock:
+            stale = [sid for sid, s in self.sessions.items() if now - s.last_seen > SESSION_TIMEOUT_S]
+        for session_id in stale:
+            self.close_session(session_id)
+
+    # -- ids -----------------------------------------------------------------------------------------------
 
     def run_id(self, model_id: str) -> str:
         with self.lock:
@@ -263,15 +299,27 @@ class _State:
     def sampler(self, sampling_session_id: str) -> _Sampler:
         with self.lock:
             found = self.samplers.get(sampling_session_id)
+            session = self.sessions.get(found.session_id) if found is not None else None
+            if session is not None:
+                session.sampler_ids.move_to_end(sampling_session_id)
         if found is None:
-            raise errors.NotFoundError(f"sampling_session_id={sampling_session_id!r} is not a sampling session of "
-                                       "this server; create a new sampling client")
+            raise errors.NotFoundError(
+                f"sampling_session_id={sampling_session_id!r} is not a sampling session of this server (its session "
+                f"ended, or it was the least recently used of more than {MAX_SAMPLERS_PER_SESSION}); create a new "
+                "sampling client")
         return found
 
-    def add_sampler(self, handle: Any) -> str:
+    def add_sampler(self, handle: Any, session_id: str) -> str:
         sampler_id = f"sampler-{secrets.token_hex(8)}"
         with self.lock:
-            self.samplers[sampler_id] = _Sampler(handle, handle.base_model, handle.model_path)
+            session = self.sessions.get(session_id)
+            if session is None:
+                raise SessionGone(f"session_id={session_id!r} ended while its sampling client was being created")
+            self.samplers[sampler_id] = _Sampler(handle, handle.base_model, handle.model_path, session_id)
+            session.sampler_ids[sampler_id] = None
+            while len(session.sampler_ids) > MAX_SAMPLERS_PER_SESSION:
+                oldest, _ = session.sampler_ids.popitem(last=False)
+                self.samplers.pop(oldest, None)
         return sampler_id
 
     # -- futures -------------------------------------------------------------------------------------------
@@ -306,6 +354,12 @@ def _proto_fb(output: types.ForwardBackwardOutput) -> Response:
 
 def _proto_sample(response: types.SampleResponse) -> Response:
     return Response(tinker_proto.encode_sample_response(response), media_type=PROTOBUF)
+
+
+class SessionGone(errors.NotFoundError):
+    """The session finished or expired: 410, on which the SDK stops heartbeating instead of retrying."""
+
+    status_code = 410
 
 
 def _status_of(exc: BaseException) -> int:
@@ -406,6 +460,7 @@ def build_router(backend: Backend) -> APIRouter:  # noqa: C901 - one closure per
     @route("POST", "/create_session")
     async def create_session(request: Request) -> Any:
         body = await _parse(request, CreateSessionBody)
+        state.expire_sessions()
         session_id = f"session-{secrets.token_hex(8)}"
         metadata = {str(k): str(v) for k, v in body.user_metadata.items()} if body.user_metadata else None
         with state.lock:
@@ -415,17 +470,14 @@ def build_router(backend: Backend) -> APIRouter:  # noqa: C901 - one closure per
     @route("POST", "/session_heartbeat")
     async def session_heartbeat(request: Request) -> Any:
         body = await _parse(request, SessionHeartbeatBody)
+        state.expire_sessions()
         state.session(body.session_id)
         return {"type": "session_heartbeat"}
 
     @route("POST", "/sessions/{session_id}/finish")
     async def finish_session(request: Request, session_id: str) -> Any:
         """The client is done: release the adapters and optimizer state of the session's training clients."""
-        with state.lock:
-            session = state.sessions.pop(session_id, None)
-            run_ids = [state.models.pop(m) for m in (session.model_ids if session else []) if m in state.models]
-        for run_id in run_ids:
-            backend.close_session(run_id)
+        state.close_session(session_id)
         return {}
 
     @route("POST", "/telemetry")
@@ -437,9 +489,14 @@ def build_router(backend: Backend) -> APIRouter:  # noqa: C901 - one closure per
         return {}  # a sampling request runs to completion; its result is simply never fetched
 
     # -- training --------------------------------------------------------------------------------------------
-    def register_model(session: _Session, model_id: str, run_id: str) -> None:
+    def register_model(session_id: str, model_id: str, run_id: str) -> None:
         with state.lock:
+            session = state.sessions.get(session_id)
+            if session is None:  # the session ended while the model was being created: free it again
+                backend.close_session(run_id)
+                raise SessionGone(f"session_id={session_id!r} ended while its training client was being created")
             state.models[model_id] = run_id
+            state.model_sessions[model_id] = session_id
             session.model_ids.append(model_id)
 
     @route("POST", "/create_model")
@@ -451,7 +508,7 @@ def build_router(backend: Backend) -> APIRouter:  # noqa: C901 - one closure per
 
         def create() -> types.CreateModelResponse:
             run_id = backend.create_session(body.base_model, lora, metadata)
-            register_model(session, run_id, run_id)
+            register_model(body.session_id, run_id, run_id)
             return types.CreateModelResponse(model_id=run_id)
 
         return state.track(state.in_thread(create), _json)
@@ -503,8 +560,10 @@ def build_router(backend: Backend) -> APIRouter:  # noqa: C901 - one closure per
                                JSONResponse, body.model_id)
         # No name: an unnamed snapshot that only a sampling client can use (save_weights_and_get_sampling_client).
         snapshot = backend.snapshot(run_id, None)
+        with state.lock:
+            session_id = state.model_sessions.get(body.model_id, "")
         return state.track(
-            _then(snapshot, lambda handle: {"sampling_session_id": state.add_sampler(handle),
+            _then(snapshot, lambda handle: {"sampling_session_id": state.add_sampler(handle, session_id),
                                             "type": "save_weights_for_sampler"}),
             JSONResponse, body.model_id)
 
@@ -521,7 +580,7 @@ def build_router(backend: Backend) -> APIRouter:  # noqa: C901 - one closure per
 
             def create() -> types.LoadWeightsResponse:
                 run_id, _, _ = backend.create_session_from_state(body.path, body.optimizer, metadata)
-                register_model(session, model_id, run_id)
+                register_model(body.session_id, model_id, run_id)
                 return types.LoadWeightsResponse(path=body.path, type="load_weights")
 
             return state.track(state.in_thread(create), _json, model_id)
@@ -546,7 +605,7 @@ def build_router(backend: Backend) -> APIRouter:  # noqa: C901 - one closure per
         body = await _parse(request, CreateSamplingSessionBody)
         state.session(body.session_id)
         handle = await blocking(lambda: open_handle(body.base_model, body.model_path))
-        return {"type": "create_sampling_session", "sampling_session_id": state.add_sampler(handle)}
+        return {"type": "create_sampling_session", "sampling_session_id": state.add_sampler(handle, body.session_id)}
 
     @route("POST", "/join_sampling_session")
     async def join_sampling_session(request: Request) -> Any:
