@@ -5,6 +5,8 @@
   builds the local backend (``tinker/_local.py``), never at import time of the API;
 - engine (``tinker_cookbook.engine``): base, the contract's ``types`` and ``errors``, and itself;
 - cookbook (everything else in ``tinker_cookbook`` and ``recipes``): base, the public API and itself; never the engine.
+  The server (``tinker_cookbook.server``) is part of it: an adapter over the API's ``Backend`` interface that uses
+  the renderers and tokenizers, never the engine.
 
 Every import statement counts, including those inside functions and ``TYPE_CHECKING`` blocks, so that a lazy import
 cannot hide a dependency.
@@ -124,6 +126,11 @@ def test_imports_follow_the_layering_rule():
         ("tinker_cookbook.tinker._local", "tinker_cookbook.engine.backend", True),
         ("tinker_cookbook.base.tokenizers", "tinker_cookbook.tinker.types", False),
         ("tinker_cookbook.tinker.types", "tinker_cookbook.renderers", False),
+        ("tinker_cookbook.server.openai_api", "tinker_cookbook.engine.backend", False),
+        ("tinker_cookbook.server.tinker_api", "tinker_cookbook.engine.sampler", False),
+        ("tinker_cookbook.server.app", "tinker_cookbook.tinker._backend", True),
+        ("tinker_cookbook.server.openai_api", "tinker_cookbook.renderers", True),
+        ("tinker_cookbook.server.openai_api", "tinker_cookbook.tokenizer_utils", True),
     ],
 )
 def test_the_rule_itself(importer, imported, allowed):
@@ -131,9 +138,10 @@ def test_the_rule_itself(importer, imported, allowed):
 
 
 def test_importing_the_api_loads_no_engine():
-    """``from tinker_cookbook import tinker`` stays light: the engine loads when the first client is created."""
+    """``from tinker_cookbook import tinker`` (or the server) stays light: the engine loads when the first client or
+    server is created."""
     code = (
-        "import sys; from tinker_cookbook import tinker; from tinker_cookbook import cli, renderers; "
+        "import sys; from tinker_cookbook import tinker; from tinker_cookbook import cli, renderers, server; "
         "loaded = sorted(m for m in sys.modules if m.startswith('tinker_cookbook.engine')); print(loaded)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)

@@ -48,9 +48,11 @@ def _config(app: FastAPI, host: str, port: int, *, access_log: bool, log_level: 
 def banner(host: str, port: int, models: Sequence[str], loaded: Sequence[str], api_key: str | None,
            key_generated: bool) -> str:
     """What ``serve`` prints once listening: the URLs, the models and whether a key is needed."""
-    shown = "localhost" if host in ("127.0.0.1", "::1", "localhost") else host
-    url = f"http://{'[' + shown + ']' if ':' in shown else shown}:{port}"
-    where = "this machine only (loopback)" if is_loopback(host) else "the network"
+    if host in ("0.0.0.0", "::"):
+        url = f"http://<this machine's address>:{port}"  # bound on every interface
+    else:
+        url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    where = "loopback: this machine only" if is_loopback(host) else "reachable from other machines"
     lines = [f"tinker-cookbook server listening on {url} ({where})",
              f"  OpenAI API:  {url}/v1   e.g. OpenAI(base_url=\"{url}/v1\", api_key=...)",
              f"  Tinker API:  {url}",
@@ -68,14 +70,21 @@ def banner(host: str, port: int, models: Sequence[str], loaded: Sequence[str], a
 def serve(backend: Backend, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           key_generated: bool = False, limits: ServerLimits | None = None, preload: Sequence[str] = (),
           access_log: bool = False, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-          announce: Callable[[str], None] = print) -> None:
-    """Serve ``backend`` until interrupted (Ctrl-C); raises ConfigurationError for an unsafe bind."""
+          announce: Callable[[str], None] | None = None) -> None:
+    """Serve ``backend`` until interrupted (Ctrl-C); raises ConfigurationError for an unsafe bind.
+
+    Once listening it prints (or passes to ``announce``) the banner: URLs, models and whether a key is needed.
+    """
     app = create_app(backend, api_key=api_key, host=host, limits=limits, preload=preload)
     models = app.state.models.base_model_names()
     loaded = list(preload)
 
     def started(bound_port: int) -> None:
-        announce(banner(host, bound_port, models, loaded, api_key, key_generated))
+        text = banner(host, bound_port, models, loaded, api_key, key_generated)
+        if announce is None:
+            print(text, flush=True)  # flushed: a supervising process reads the URL from a pipe
+        else:
+            announce(text)
 
     config = _config(app, host, port, access_log=access_log, log_level="info" if access_log else "warning",
                      max_connections=max_connections)
