@@ -29,6 +29,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
+from tinker_cookbook import perf_env
 from tinker_cookbook.exceptions import ConfigurationError
 from tinker_cookbook.tinker import RestClient, errors, types
 
@@ -301,6 +302,7 @@ def serve(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
     from tinker_cookbook.server import serve as run_server
     from tinker_cookbook.tinker._local import local_backend
 
+    perf_env.reexec_with_fast_malloc()  # sampling is several times faster with it (see perf_env)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if args.generate_api_key:
         if api_key:
