@@ -7,14 +7,13 @@ logits: equal seeds must then give equal tokens (see ``engine/sampler.py`` on se
 
 from __future__ import annotations
 
+import openai
 import pytest
 
 from tinker_cookbook import renderers, tinker
 from tinker_cookbook.server import BackgroundServer, create_app
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker._local import local_backend
-
-openai = pytest.importorskip("openai")
 
 MODEL = "tinker-cookbook/tiny-smollm2"  # chatml renderer (stop token <|im_end|>), 49k vocabulary
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import httpx
+import openai
 import pytest
 from fastapi.testclient import TestClient
 
@@ -19,8 +20,6 @@ from tinker_cookbook import cli
 from tinker_cookbook.exceptions import ConfigurationError
 from tinker_cookbook.server import BackgroundServer, ServerLimits, create_app, is_loopback
 from tinker_cookbook.tinker._local import local_backend
-
-openai = pytest.importorskip("openai")
 
 MODEL = "tinker-cookbook/tiny-smollm2"
 KEY = "tml-0123456789abcdef0123"

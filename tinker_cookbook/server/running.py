@@ -64,6 +64,8 @@ def banner(host: str, port: int, models: Sequence[str], loaded: Sequence[str], a
         lines.append(f"  API key:     {api_key}  (generated; send it as 'Authorization: Bearer KEY' or 'X-API-Key')")
     else:
         lines.append("  API key:     required ('Authorization: Bearer KEY' or 'X-API-Key: KEY')")
+        if not api_key.startswith("tml-"):
+            lines.append("               note: the official tinker SDK only sends keys that start with 'tml-'")
     return "\n".join(lines)
 
 
