@@ -193,3 +193,21 @@ def test_completion_bad_requests_get_400(client):
         client.completions.create(model=MODEL, prompt=[10**7])
     with pytest.raises(openai.BadRequestError, match="samples is above"):
         client.completions.create(model=MODEL, prompt=["a"] * 9, n=8)
+
+
+def test_inspect_ai_through_its_openai_provider(server, monkeypatch, tmp_path):
+    """Inspect's ``openai-api/<name>/<model>`` provider evaluates a task against the server."""
+    from inspect_ai import Task
+    from inspect_ai import eval as inspect_eval
+    from inspect_ai.dataset import Sample
+    from inspect_ai.scorer import includes
+    from inspect_ai.solver import generate
+
+    monkeypatch.setenv("COOKBOOK_BASE_URL", server.url + "/v1")
+    monkeypatch.setenv("COOKBOOK_API_KEY", "unused-on-loopback")
+    task = Task(dataset=[Sample(input="Say hi", target="hi"), Sample(input="Name a colour", target="red")],
+                solver=generate(), scorer=includes())
+    [log] = inspect_eval(task, model=f"openai-api/cookbook/{MODEL}", log_dir=str(tmp_path), display="none",
+                         max_tokens=6, seed=1)
+    assert log.status == "success", log.error
+    assert all(sample.output.completion for sample in log.samples)
