@@ -300,15 +300,17 @@ def serve(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
     # Imported here: the server pulls in FastAPI and uvicorn, which the other commands do not need.
     from tinker_cookbook.server import ServerLimits, generate_api_key
     from tinker_cookbook.server import serve as run_server
+    from tinker_cookbook.server.app import check_bind
     from tinker_cookbook.tinker._local import local_backend
 
-    perf_env.reexec_with_fast_malloc()  # sampling is several times faster with it (see perf_env)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if args.generate_api_key:
         if api_key:
             raise ConfigurationError(f"--generate-api-key and an API key (--api-key or ${API_KEY_ENV}) were both "
                                      "given; pass one")
         api_key = generate_api_key()
+    check_bind(args.host, api_key)  # refuse an unsafe bind before anything starts
+    perf_env.reexec_with_fast_malloc()  # sampling is several times faster with it (see perf_env); restarts once
     chosen = {"max_body_bytes": args.max_body_bytes, "max_n": args.max_n,
               "max_samples_per_request": args.max_samples_per_request}
     limits = ServerLimits(**{k: v for k, v in chosen.items() if v is not None})

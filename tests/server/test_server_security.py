@@ -181,6 +181,7 @@ def test_openai_client_against_a_keyed_server():
 
 def test_serve_command_refuses_a_public_bind_without_key(capsys, monkeypatch):
     monkeypatch.delenv(cli.API_KEY_ENV, raising=False)
+    monkeypatch.setenv("TINKER_COOKBOOK_NO_REEXEC", "1")  # a restart for the malloc settings would replace pytest
     assert cli.main(["serve", "--host", "0.0.0.0", "--port", "0"]) == 1
     assert "needs an API key" in capsys.readouterr().err
 
