@@ -7,7 +7,8 @@
 - wiring (``tinker_cookbook.backends``): picks the backend for a base URL, so it may import the engine, the
   contract and base; the engine and the contract never import it;
 - cookbook (everything else in ``tinker_cookbook`` and ``recipes``, including the server): base, the public API,
-  the wiring module and itself; never the engine.
+  the wiring module and itself; never the engine. The server (``tinker_cookbook.server``) is an adapter over the
+  API's ``Backend`` interface that uses the renderers and tokenizers.
 
 Every import statement counts, including those inside functions and ``TYPE_CHECKING`` blocks, so that a lazy import
 cannot hide a dependency.
@@ -136,6 +137,11 @@ def test_imports_follow_the_layering_rule():
         ("tinker_cookbook.engine.backend", "tinker_cookbook.backends", False),
         ("tinker_cookbook.base.tokenizers", "tinker_cookbook.tinker.types", False),
         ("tinker_cookbook.tinker.types", "tinker_cookbook.renderers", False),
+        ("tinker_cookbook.server.openai_api", "tinker_cookbook.engine.backend", False),
+        ("tinker_cookbook.server.tinker_api", "tinker_cookbook.engine.sampler", False),
+        ("tinker_cookbook.server.app", "tinker_cookbook.tinker._backend", True),
+        ("tinker_cookbook.server.openai_api", "tinker_cookbook.renderers", True),
+        ("tinker_cookbook.server.openai_api", "tinker_cookbook.tokenizer_utils", True),
     ],
 )
 def test_the_rule_itself(importer, imported, allowed):
@@ -143,9 +149,10 @@ def test_the_rule_itself(importer, imported, allowed):
 
 
 def test_importing_the_api_loads_no_engine():
-    """``from tinker_cookbook import tinker`` stays light: the engine loads when the first client is created."""
+    """``from tinker_cookbook import tinker`` (or the server) stays light: the engine loads when the first client or
+    server is created."""
     code = (
-        "import sys; from tinker_cookbook import tinker; from tinker_cookbook import cli, renderers; "
+        "import sys; from tinker_cookbook import tinker; from tinker_cookbook import cli, renderers, server; "
         "loaded = sorted(m for m in sys.modules if m.startswith('tinker_cookbook.engine')); print(loaded)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)

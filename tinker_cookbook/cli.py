@@ -1,4 +1,4 @@
-"""``tinker-cookbook``: inspect and manage the runs and checkpoints of the local store.
+"""``tinker-cookbook``: inspect and manage the runs and checkpoints of the local store, and serve the engine.
 
 The store lives in ``$TINKER_COOKBOOK_HOME`` (default ``~/.tinker_cookbook``). Examples::
 
@@ -6,12 +6,15 @@ The store lives in ``$TINKER_COOKBOOK_HOME`` (default ``~/.tinker_cookbook``). E
     tinker-cookbook checkpoint info tinker://run-20261129-113201-ab12cd/sampler_weights/final
     tinker-cookbook checkpoint download tinker://run-20261129-113201-ab12cd/sampler_weights/final -o adapters
     tinker-cookbook --format json run list --limit 0
+    tinker-cookbook serve --port 8000
+    tinker-cookbook serve --host 0.0.0.0 --generate-api-key --model HuggingFaceTB/SmolLM2-135M-Instruct
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tarfile
@@ -26,6 +29,8 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
+from tinker_cookbook import perf_env
+from tinker_cookbook.exceptions import ConfigurationError
 from tinker_cookbook.tinker import RestClient, errors, types
 
 # ---------------------------------------------------------------------------------------------------------
@@ -285,6 +290,43 @@ def run_info(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# serve
+# ---------------------------------------------------------------------------------------------------------
+
+API_KEY_ENV = "TINKER_COOKBOOK_API_KEY"
+
+
+def serve(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
+    # Imported here: the server pulls in FastAPI and uvicorn, which the other commands do not need.
+    from tinker_cookbook.server import ServerLimits, generate_api_key
+    from tinker_cookbook.server import serve as run_server
+    from tinker_cookbook.server.app import check_bind
+    from tinker_cookbook.backends import local_backend
+
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if args.generate_api_key:
+        if api_key:
+            raise ConfigurationError(f"--generate-api-key and an API key (--api-key or ${API_KEY_ENV}) were both "
+                                     "given; pass one")
+        api_key = generate_api_key()
+    check_bind(args.host, api_key)  # refuse an unsafe bind before anything starts
+    perf_env.reexec_with_fast_malloc()  # sampling is several times faster with it (see perf_env); restarts once
+    chosen = {"max_body_bytes": args.max_body_bytes, "max_n": args.max_n,
+              "max_samples_per_request": args.max_samples_per_request}
+    limits = ServerLimits(**{k: v for k, v in chosen.items() if v is not None})
+    run_server(local_backend(), host=args.host, port=args.port, api_key=api_key,
+               key_generated=args.generate_api_key, limits=limits, preload=args.model or (),
+               access_log=args.access_log)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Parser and entry point
 # ---------------------------------------------------------------------------------------------------------
 
@@ -305,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format")
-    groups = parser.add_subparsers(dest="group", required=True, metavar="{checkpoint,run}")
+    groups = parser.add_subparsers(dest="group", required=True, metavar="{checkpoint,run,serve}")
 
     ckpt = groups.add_parser("checkpoint", help="list, inspect, download, delete and publish checkpoints")
     ckpt_cmds = ckpt.add_subparsers(dest="command", required=True)
@@ -343,6 +385,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = run_cmds.add_parser("info", help="properties of one training run")
     p.add_argument("run_id")
     p.set_defaults(handler=run_info)
+
+    p = groups.add_parser(
+        "serve", help="serve the engine over HTTP (OpenAI-compatible /v1 routes and the Tinker API)",
+        description="Serve the local engine over HTTP: OpenAI-compatible /v1/models, /v1/completions and "
+        "/v1/chat/completions for base models and tinker:// sampler checkpoints, and the Tinker API. Loopback "
+        "only by default; any other --host needs an API key.")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--api-key", help=f"require this key (at least 16 characters; default ${API_KEY_ENV})")
+    p.add_argument("--generate-api-key", action="store_true", help="require a random key, printed at start")
+    p.add_argument("--model", action="append", metavar="NAME",
+                   help="load this base model or tinker:// path before serving (repeatable; others load on "
+                   "first use)")
+    # Defaults live in ServerLimits (not repeated here, so that `tinker-cookbook --help` imports no server code).
+    p.add_argument("--max-body-bytes", type=_positive, help="largest request body (default 8 MiB)")
+    p.add_argument("--max-n", type=_positive, help="largest n per request (default 16)")
+    p.add_argument("--max-samples-per-request", type=_positive, help="largest prompts x n per request (default 64)")
+    p.add_argument("--access-log", action="store_true", help="log every request")
+    p.set_defaults(handler=serve)
     return parser
 
 
@@ -351,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.handler(RestClient(), args, Printer(args.format))  # the local store; no engine needed
-    except (errors.TinkerError, OSError, tarfile.TarError) as e:
+    except (errors.TinkerError, ConfigurationError, OSError, tarfile.TarError) as e:
         print(f"Error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -47,6 +47,8 @@ from inspect_ai.tool import ToolChoice, ToolInfo
 from tinker_cookbook import model_info, renderers, tinker
 from tinker_cookbook.checkpoint_utils import get_renderer_name_from_checkpoint
 from tinker_cookbook.exceptions import ConfigurationError, RendererError
+from tinker_cookbook.renderers.stops import cut_at_stop_strings as _cut_at_stop_strings
+from tinker_cookbook.renderers.stops import merge_stop_sequences
 
 logger = logging.getLogger(__name__)
 
@@ -143,23 +145,6 @@ def _with_tools(renderer: renderers.Renderer, messages: list[renderers.Message],
 # ---------------------------------------------------------------------------------------------------------
 
 
-def merge_stop_sequences(renderer_stops: Sequence[str] | Sequence[int], extra: Sequence[str],
-                         tokenizer: Any) -> list[str] | list[int]:
-    """The sampler's ``stop``: the renderer's stop sequences plus Inspect's ``stop_seqs``.
-
-    The sampler takes either token ids or strings. When Inspect adds strings to a renderer that stops on token
-    ids, the ids are written as their (special-token) text: the sampler searches stop strings in text decoded
-    with special tokens kept, so ``<|im_end|>`` still ends the message at the same token.
-    """
-    extra = [s for s in extra if s]
-    if not extra:
-        return list(renderer_stops)  # type: ignore[return-value]  # all str or all int, as the renderer gave
-    if all(isinstance(s, str) for s in renderer_stops):
-        return [*(str(s) for s in renderer_stops), *extra]
-    as_text = [tokenizer.decode([int(s)], skip_special_tokens=False) for s in renderer_stops]
-    return [*as_text, *extra]
-
-
 def sampling_params_from_config(config: GenerateConfig, stop: list[str] | list[int]) -> tinker.SamplingParams:
     """Inspect's generation settings as Tinker ``SamplingParams`` (unset fields take the API's defaults)."""
     for name in _UNSUPPORTED_FIELDS:
@@ -174,12 +159,6 @@ def sampling_params_from_config(config: GenerateConfig, stop: list[str] | list[i
         seed=config.seed,
         stop=stop,
     )
-
-
-def _cut_at_stop_strings(text: str, stops: Sequence[str]) -> tuple[str, bool]:
-    """``text`` up to (not including) the earliest stop string, as OpenAI-style APIs return it."""
-    positions = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    return (text[: min(positions)], True) if positions else (text, False)
 
 
 def _tool_calls_to_inspect(message: renderers.Message) -> list[InspectToolCall] | None:
