@@ -47,8 +47,9 @@ from tinker_cookbook.tinker._backend import Backend
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
-RETRIEVE_WAIT_S = 20.0
-"""How long ``retrieve_future`` holds a poll open before answering try_again (the SDK waits 45 s per poll)."""
+RETRIEVE_WAIT_S = 35.0
+"""How long ``retrieve_future`` holds a poll open before answering try_again: below the SDK's 45 s per poll, and
+long, because the SDK logs a warning for every try_again."""
 MAX_NUM_SAMPLES = 128
 """The most samples one ``asample`` request may ask for."""
 MAX_KEPT_RESULTS = 4096
