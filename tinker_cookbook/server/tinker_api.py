@@ -20,7 +20,12 @@ The protocol in brief (as the SDK uses it):
   malformed bodies get 400 with a message naming the field.
 
 Training requests of one model run in the order they arrive, which is the order the SDK sends them in (it sends
-a client's requests one after another).
+a client's requests one after another). A session's training clients live until the client finishes the session
+(``sessions/<id>/finish``, sent when a ServiceClient closes) or stops heartbeating for ``SESSION_TIMEOUT_S``.
+
+Not handled here (the app that mounts this router does it): authentication (the SDK sends its key, which must start
+with ``tml-``, in the ``X-API-Key`` header) and request size limits (protobuf ``forward_backward`` bodies reach
+several MB: the SDK splits batches at about 5 MB).
 """
 
 from __future__ import annotations
@@ -47,8 +52,9 @@ from tinker_cookbook.tinker._backend import Backend
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
-RETRIEVE_WAIT_S = 20.0
-"""How long ``retrieve_future`` holds a poll open before answering try_again (the SDK waits 45 s per poll)."""
+RETRIEVE_WAIT_S = 35.0
+"""How long ``retrieve_future`` holds a poll open before answering try_again: below the SDK's 45 s per poll, and
+long, because the SDK logs a warning for every try_again."""
 MAX_NUM_SAMPLES = 128
 """The most samples one ``asample`` request may ask for."""
 MAX_KEPT_RESULTS = 4096
@@ -574,13 +580,15 @@ def build_router(backend: Backend) -> APIRouter:  # noqa: C901 - one closure per
             # Create-via-load: a new training client holding the checkpoint (create_training_client_from_state).
             if body.model_seq_id is None:
                 raise errors.BadRequestError("load_weights: session_id needs model_seq_id")
-            session = state.session(body.session_id)
-            model_id = f"{body.session_id}:train:{body.model_seq_id}"
+            session_id = body.session_id
+            session = state.session(session_id)
+            # The SDK derives this id itself, as the hosted service does: the n-th training client of the session.
+            model_id = f"{session_id}:train:{body.model_seq_id}"
             metadata = _metadata(session.user_metadata, body.user_metadata)
 
             def create() -> types.LoadWeightsResponse:
                 run_id, _, _ = backend.create_session_from_state(body.path, body.optimizer, metadata)
-                register_model(body.session_id, model_id, run_id)
+                register_model(session_id, model_id, run_id)
                 return types.LoadWeightsResponse(path=body.path, type="load_weights")
 
             return state.track(state.in_thread(create), _json, model_id)

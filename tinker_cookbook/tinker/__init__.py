@@ -8,6 +8,9 @@ Port code written for the official SDK by replacing ``import tinker`` with
 
     service_client = tinker.ServiceClient()
     training_client = service_client.create_lora_training_client(base_model="HuggingFaceTB/SmolLM2-135M-Instruct")
+
+``ServiceClient(base_url="http://host:port")`` runs the same clients on a Tinker-protocol server (``tinker-cookbook
+serve``, or the hosted service) through the official ``tinker`` SDK (``pip install tinker_cookbook[remote]``).
 """
 
 from tinker_cookbook.tinker import lib, types

@@ -145,6 +145,16 @@ def _sdk_future(value: Any) -> concurrent.futures.Future[Any]:
     return value.future()
 
 
+def wait(value: Any) -> Any:
+    """The result of an SDK future, waiting for it.
+
+    This project's synchronous methods block by contract, also when async code calls them (as the loops do for
+    client creation, exactly as with the in-process engine); the SDK's own ``result()`` would log a warning with a
+    stack trace each time, so the wait goes through the future's concurrent twin instead.
+    """
+    return _sdk_future(value).result()
+
+
 # -- converting data ------------------------------------------------------------------------------------------
 
 def to_sdk_model_input(sdk: Any, model_input: types.ModelInput) -> Any:
@@ -241,18 +251,18 @@ class RemoteStore:
         return cls(call(lambda: sdk.RestClient(base_url=base_url, api_key=key)))
 
     def get_run(self, run_id: str) -> types.TrainingRun:
-        return _pydantic(types.TrainingRun, call(lambda: self._rest.get_training_run(run_id).result()))
+        return _pydantic(types.TrainingRun, call(lambda: wait(self._rest.get_training_run(run_id))))
 
     def list_runs(self, limit: int = 20, offset: int = 0) -> types.TrainingRunsResponse:
         return _pydantic(types.TrainingRunsResponse,
-                         call(lambda: self._rest.list_training_runs(limit=limit, offset=offset).result()))
+                         call(lambda: wait(self._rest.list_training_runs(limit=limit, offset=offset))))
 
     def list_checkpoints(self, run_id: str) -> types.CheckpointsListResponse:
-        return _pydantic(types.CheckpointsListResponse, call(lambda: self._rest.list_checkpoints(run_id).result()))
+        return _pydantic(types.CheckpointsListResponse, call(lambda: wait(self._rest.list_checkpoints(run_id))))
 
     def list_user_checkpoints(self, limit: int = 100, offset: int = 0) -> types.CheckpointsListResponse:
         return _pydantic(types.CheckpointsListResponse,
-                         call(lambda: self._rest.list_user_checkpoints(limit=limit, offset=offset).result()))
+                         call(lambda: wait(self._rest.list_user_checkpoints(limit=limit, offset=offset))))
 
     def get_checkpoint(self, tinker_path: str) -> types.Checkpoint:
         parsed = types.ParsedCheckpointTinkerPath.from_tinker_path(tinker_path)
@@ -263,23 +273,23 @@ class RemoteStore:
 
     def weights_info(self, tinker_path: str) -> types.WeightsInfoResponse:
         return _pydantic(types.WeightsInfoResponse,
-                         call(lambda: self._rest.get_weights_info_by_tinker_path(tinker_path).result()))
+                         call(lambda: wait(self._rest.get_weights_info_by_tinker_path(tinker_path))))
 
     def archive(self, tinker_path: str) -> Path:
         raise errors.BadRequestError(f"{tinker_path}: archives of a remote server's checkpoints are not available "
                                      "through this client; download them on the server")
 
     def delete_checkpoint(self, tinker_path: str) -> None:
-        call(lambda: self._rest.delete_checkpoint_from_tinker_path(tinker_path).result())
+        call(lambda: wait(self._rest.delete_checkpoint_from_tinker_path(tinker_path)))
 
     def set_public(self, tinker_path: str, public: bool) -> None:
         if public:
-            call(lambda: self._rest.publish_checkpoint_from_tinker_path(tinker_path).result())
+            call(lambda: wait(self._rest.publish_checkpoint_from_tinker_path(tinker_path)))
         else:
-            call(lambda: self._rest.unpublish_checkpoint_from_tinker_path(tinker_path).result())
+            call(lambda: wait(self._rest.unpublish_checkpoint_from_tinker_path(tinker_path)))
 
     def set_ttl(self, tinker_path: str, ttl_seconds: int | None) -> None:
-        call(lambda: self._rest.set_checkpoint_ttl_from_tinker_path(tinker_path, ttl_seconds).result())
+        call(lambda: wait(self._rest.set_checkpoint_ttl_from_tinker_path(tinker_path, ttl_seconds)))
 
 
 # -- the backend ----------------------------------------------------------------------------------------------
@@ -301,7 +311,7 @@ class RemoteBackend:
     # -- service -------------------------------------------------------------------------------------------
     def capabilities(self) -> types.GetServerCapabilitiesResponse:
         rest = self.store._rest
-        return _pydantic(types.GetServerCapabilitiesResponse, call(lambda: rest.get_server_capabilities().result()))
+        return _pydantic(types.GetServerCapabilitiesResponse, call(lambda: wait(rest.get_server_capabilities())))
 
     def model_data(self, base_model: str) -> types.ModelData:
         with self._lock:
@@ -327,9 +337,9 @@ class RemoteBackend:
         return client
 
     def create_session(self, base_model: str, lora: types.LoraConfig, user_metadata: dict[str, str] | None) -> str:
-        client = call(lambda: self._service.create_lora_training_client(
+        client = call(lambda: wait(self._service.create_lora_training_client(
             base_model=base_model, rank=lora.rank, seed=lora.seed, train_mlp=lora.train_mlp,
-            train_attn=lora.train_attn, train_unembed=lora.train_unembed, user_metadata=user_metadata).result())
+            train_attn=lora.train_attn, train_unembed=lora.train_unembed, user_metadata=user_metadata)))
         return self._adopt(client)[0]
 
     def create_session_from_state(self, path: str, with_optimizer: bool, user_metadata: dict[str, str] | None
@@ -337,7 +347,7 @@ class RemoteBackend:
         weights = self.store.weights_info(path)
         create = (self._service.create_training_client_from_state_with_optimizer if with_optimizer
                   else self._service.create_training_client_from_state)
-        client = call(lambda: create(path, user_metadata=user_metadata).result())
+        client = call(lambda: wait(create(path, user_metadata=user_metadata)))
         run_id, _ = self._adopt(client)
         lora = types.LoraConfig(rank=weights.lora_rank or 32, train_mlp=weights.train_mlp is not False,
                                 train_attn=weights.train_attn is not False,
@@ -425,12 +435,12 @@ class RemoteBackend:
 
     # -- sampling ------------------------------------------------------------------------------------------
     def handle_for_path(self, model_path: str) -> RemoteSamplerHandle:
-        sampler = call(lambda: self._service.create_sampling_client(model_path=model_path).result())
+        sampler = call(lambda: wait(self._service.create_sampling_client(model_path=model_path)))
         base_model = call(lambda: sampler.get_base_model())
         return RemoteSamplerHandle(sampler, base_model, model_path)
 
     def handle_for_base(self, base_model: str) -> RemoteSamplerHandle:
-        sampler = call(lambda: self._service.create_sampling_client(base_model=base_model).result())
+        sampler = call(lambda: wait(self._service.create_sampling_client(base_model=base_model)))
         return RemoteSamplerHandle(sampler, base_model, None)
 
     def sample(self, handle: RemoteSamplerHandle, prompt: types.ModelInput, num_samples: int,
