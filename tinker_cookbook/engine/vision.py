@@ -36,8 +36,9 @@ from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError, UnprocessableEntityError
 
 _VISUAL_PREFIX = "model.visual."
-_IMAGE_CACHE_SIZE = 256
-"""Prepared images kept per model (RL groups and epochs send the same image many times)."""
+_IMAGE_CACHE_BYTES = 64 * 2**20
+"""Pixel values of recently prepared images kept per model (RL groups and epochs send the same image many times);
+a 256x256 image takes 1.5 MiB."""
 
 
 def is_vision_config(config: Any) -> bool:
@@ -72,6 +73,7 @@ class ImageInputs:
         self.processor = processor
         self.merge_size = int(config.vision_config.spatial_merge_size)
         self._cache: collections.OrderedDict[bytes, PreparedImage] = collections.OrderedDict()
+        self._cache_bytes = 0
         self._lock = threading.Lock()
 
     def expand(self, model_input: types.ModelInput, where: str) -> tuple[list[int], tuple[PreparedImage, ...]]:
@@ -104,10 +106,7 @@ class ImageInputs:
                 self._cache.move_to_end(key)
         if image is None:
             image = self._preprocess(data, where)
-            with self._lock:
-                self._cache[key] = image
-                while len(self._cache) > _IMAGE_CACHE_SIZE:
-                    self._cache.popitem(last=False)
+            self._remember(key, image)
         expected = chunk.expected_tokens
         if expected is not None and expected != image.num_tokens:
             raise BadRequestError(
@@ -116,6 +115,17 @@ class ImageInputs:
                 "rendering the image with this model's renderer and image processor"
             )
         return image
+
+    def _remember(self, key: bytes, image: PreparedImage) -> None:
+        size = image.pixel_values.numel() * image.pixel_values.element_size()
+        with self._lock:
+            if key in self._cache or size > _IMAGE_CACHE_BYTES:
+                return
+            self._cache[key] = image
+            self._cache_bytes += size
+            while self._cache_bytes > _IMAGE_CACHE_BYTES:
+                _, old = self._cache.popitem(last=False)
+                self._cache_bytes -= old.pixel_values.numel() * old.pixel_values.element_size()
 
     def _preprocess(self, data: bytes, where: str) -> PreparedImage:
         from PIL import Image, UnidentifiedImageError
@@ -262,7 +272,7 @@ class _RopeIndex:
         from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
 
         self.config = config
-        self._model_class = Qwen3VLModel
+        self._model_class: Any = Qwen3VLModel  # its methods, called with this object as self
 
     def __call__(self, ids: torch.Tensor, grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mm_types = (ids == self.config.image_token_id).to(torch.int32)
