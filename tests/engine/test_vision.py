@@ -247,7 +247,7 @@ def test_text_only_model_refuses_images(service: tinker.ServiceClient, tokenizer
     name = "tinker-cookbook/tiny-qwen3"
     prompt = _prompt(tokenizer, RED, "Colour?", expected_tokens=70)
     sampler = service.create_sampling_client(base_model=name)
-    with pytest.raises(UnprocessableEntityError, match=r"prompt\.chunks\[1\] is a ImageChunk.*text-only.*Qwen3-VL"):
+    with pytest.raises(UnprocessableEntityError, match=r"prompt\.chunks\[1\] is an ImageChunk.*text-only.*Qwen3-VL"):
         sampler.sample(prompt, num_samples=1, sampling_params=types.SamplingParams(max_tokens=1)).result()
     client = service.create_lora_training_client(base_model=name, rank=4, seed=0)
     datum = types.Datum(model_input=prompt, loss_fn_inputs={"target_tokens": [0] * prompt.length,

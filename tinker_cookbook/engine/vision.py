@@ -213,7 +213,7 @@ def expand_model_input(
     for index, chunk in enumerate(model_input.chunks):
         if not isinstance(chunk, types.EncodedTextChunk):
             raise UnprocessableEntityError(
-                f"{where}.chunks[{index}] is a {type(chunk).__name__}, but {model} is a text-only model; remove "
+                f"{where}.chunks[{index}] is an {type(chunk).__name__}, but {model} is a text-only model; remove "
                 "the image chunks, or use a vision-language model (Qwen/Qwen3-VL-*, or tinker-cookbook/tiny-qwen3-vl "
                 "for tests)"
             )
