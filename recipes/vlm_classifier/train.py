@@ -82,14 +82,14 @@ def defaults(args: Mapping[str, str]) -> dict[str, Any]:
         "log_path": sl_basic.default_log_path("vlm_classifier"),
         "num_epochs": 4,
         "lora_rank": 16,
-        "eval_every": 16,
+        "eval_every": 32,
         "save_every": 0,
         "lr_schedule": "cosine",
         "dataset_builder": data.VLMClassifierDatasetBuilder,
         "dataset_builder.dataset": args.get(DATASET.name, DATASET.default),
         COMMON + "model_name_for_tokenizer": Reference("model_name"),
         COMMON + "renderer_name": Reference("renderer_name"),
-        COMMON + "batch_size": 8,
+        COMMON + "batch_size": 4,
         COMMON + "max_length": 8192,
     }
     values = {**values, **sl_basic.model_dependent_defaults(args, model)}
