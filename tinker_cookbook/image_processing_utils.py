@@ -22,6 +22,10 @@ from typing import Any, Literal, TypeAlias
 
 from PIL import Image
 
+from tinker_cookbook.base.image_processors import (  # noqa: F401 - re-exported
+    QWEN3_VL_PROCESSOR_SETTINGS,
+    build_qwen3_vl_image_processor,
+)
 from tinker_cookbook.exceptions import ConfigurationError, RendererError
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tokenizer_utils import TINY_MODEL_PREFIX, hub_is_reachable, strip_model_suffix
@@ -34,14 +38,6 @@ ImageProcessor: TypeAlias = Any
 ImageSource: TypeAlias = "str | bytes | Image.Image"
 ImageFormat: TypeAlias = Literal["png", "jpeg"]
 
-QWEN3_VL_PROCESSOR_SETTINGS: dict[str, Any] = {
-    "patch_size": 16,
-    "temporal_patch_size": 2,
-    "merge_size": 2,
-    "size": {"shortest_edge": 256 * 256, "longest_edge": 4096 * 4096},
-    "image_mean": [0.5, 0.5, 0.5],
-    "image_std": [0.5, 0.5, 0.5],
-}
 
 _URL_TIMEOUT_S = 30
 
@@ -82,13 +78,6 @@ def _from_huggingface(name: str) -> ImageProcessor | None:
         except (OSError, ValueError, ImportError) as e:
             logger.debug("image processor for %s not loaded with %s: %s", name, kwargs, e)
     return None
-
-
-def build_qwen3_vl_image_processor() -> ImageProcessor:
-    """Qwen3-VL's image processor built from its settings, without files or torchvision."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    return Qwen2VLImageProcessorPil(**QWEN3_VL_PROCESSOR_SETTINGS)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -701,7 +701,8 @@ def _tiny_qwen3_vl() -> torch.nn.Module:
     return Qwen3VLForConditionalGeneration(config).eval()
 
 
-def test_qwen3_vl_text_prompts_sample_and_images_are_refused(engine: SamplerEngine, tokenizer: Any) -> None:
+def test_qwen3_vl_text_prompts_sample_as_hf(engine: SamplerEngine, tokenizer: Any) -> None:
+    # Image prompts: tests/engine/test_vision.py.
     model = _tiny_qwen3_vl()
     weights = _weights(model)
     prompt = tokenizer.encode("<|im_start|>user\nDescribe nothing.<|im_end|>\n<|im_start|>assistant\n")
@@ -709,15 +710,6 @@ def test_qwen3_vl_text_prompts_sample_and_images_are_refused(engine: SamplerEngi
         engine, weights, tokenizer, types.ModelInput.from_ints(prompt), max_tokens=6, temperature=0.0
     )
     assert greedy.sequences[0].tokens == _hf_greedy(model, prompt, 6)
-    image = types.ModelInput(
-        chunks=[
-            types.EncodedTextChunk(tokens=tokenizer.encode("<|vision_start|>")),
-            types.ImageChunk(data=b"\x89PNG", format="png", expected_tokens=4),
-            types.EncodedTextChunk(tokens=tokenizer.encode("<|vision_end|>What is this?")),
-        ]
-    )
-    with pytest.raises(UnprocessableEntityError, match="not supported by the local sampler yet"):
-        engine.submit(weights, tokenizer, image, 1, types.SamplingParams(max_tokens=2))
 
 
 def test_unsupported_architecture_is_refused() -> None:

@@ -30,8 +30,9 @@ Semantics (the Tinker docs are the spec):
 - ``max_tokens=None`` means ``min(DEFAULT_MAX_TOKENS, context window - prompt length)``.
 - ``include_prompt_logprobs``: one value per prompt token, the first ``None``; ``topk_prompt_logprobs=k``: per prompt
   position (the first ``None``) the k most likely ``(token_id, logprob)`` pairs, most likely first.
-- Image chunks are refused with an ``UnprocessableEntityError`` (a ``BadRequestError``): text-only models cannot
-  take them, and image sampling for Qwen3-VL is not implemented yet (text prompts to Qwen3-VL work).
+- Images (``ImageChunk``, or ``ImageAssetPointerChunk`` naming a local file or a ``data:`` URL) are taken by Qwen3-VL
+  models (see :mod:`tinker_cookbook.engine.vision`); prompt logprobs are None at image placeholder positions. A
+  text-only model refuses them with an ``UnprocessableEntityError`` (a ``BadRequestError``).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from typing import Any, Self
 import torch
 import transformers
 
-from tinker_cookbook.engine import sampler_model
+from tinker_cookbook.engine import sampler_model, vision
 from tinker_cookbook.engine.exit_hooks import CloseAtExit
 from tinker_cookbook.engine.sampler_batch import KVPool, Sequence, finish_reason, select_tokens
 from tinker_cookbook.engine.sampler_requests import (
@@ -134,6 +135,7 @@ class SamplingWeights:
             context_window=spec.max_positions,
             model_type=spec.model_type,
             accepts_images=spec.model_type.startswith("qwen3_vl") and spec.model_type != "qwen3_vl_text",
+            vision=vision.sampler_vision(config, base_state),
         )
         return cls(decoder=decoder, limits=limits)
 
@@ -356,9 +358,14 @@ class SamplerEngine:
     def _prefill(self, batch: _Batch, requests: list[_Request]) -> None:
         """One packed forward over the distinct prompts of ``requests`` (identical prompts are computed once)."""
         decoder = batch.weights.decoder
-        distinct = list(dict.fromkeys(tuple(r.spec.prompt) for r in requests))
+        # Keyed by tokens and images: prompts with the same placeholder tokens but other images differ.
+        keys = {id(r): (tuple(r.spec.prompt), r.spec.vision.key if r.spec.vision else ()) for r in requests}
+        prompts = {keys[id(r)]: (r.spec.prompt, r.spec.vision) for r in requests}
+        distinct = list(prompts)
         try:
-            result = sampler_model.prefill(decoder, [list(p) for p in distinct], batch.pool.dtype)
+            limits = batch.weights.limits
+            images = limits.vision.pack([prompts[k] for k in distinct]) if limits.vision is not None else None
+            result = sampler_model.prefill(decoder, [list(k[0]) for k in distinct], batch.pool.dtype, images)
         except Exception as error:  # noqa: BLE001 - isolate the request that breaks the forward
             if len(requests) == 1:
                 self._fail(requests[0], error)
@@ -369,13 +376,13 @@ class SamplerEngine:
         stats = self._stats
         stats.prefill_forwards += 1
         stats.prompts_prefilled += len(distinct)
-        stats.prefill_tokens += sum(len(p) for p in distinct)
+        stats.prefill_tokens += sum(len(k[0]) for k in distinct)
         stats.max_prompts_per_prefill = max(stats.max_prompts_per_prefill, len(distinct))
         outputs = {prompt: (kv, hidden) for prompt, kv, hidden in zip(distinct, result.kv, result.hidden, strict=True)}
         for request in requests:
             try:
                 # Requests sharing a prompt share its K/V tensor: it is only ever read (copied into slots).
-                self._start(batch, request, *outputs[tuple(request.spec.prompt)])
+                self._start(batch, request, *outputs[keys[id(request)]])
             except Exception as error:  # noqa: BLE001 - one request's failure must not stop the others
                 self._fail(request, error)
 
@@ -385,6 +392,12 @@ class SamplerEngine:
         decoder = batch.weights.decoder
         if spec.include_prompt_logprobs or spec.topk_prompt_logprobs:
             scored, topk = _score_prompt(decoder, hidden, spec.prompt, spec.topk_prompt_logprobs)
+            if spec.vision is not None:  # an image placeholder has no meaningful logprob
+                placeholder = batch.weights.limits.vision.image_token_id  # type: ignore[union-attr]
+                for position in (i for i, t in enumerate(spec.prompt) if t == placeholder):
+                    scored[position] = None
+                    if topk is not None:
+                        topk[position] = None
             request.prompt_logprobs = scored if spec.include_prompt_logprobs else None
             request.topk_prompt_logprobs = topk
         last = sampler_model.logits(decoder, hidden[-1:])
@@ -398,6 +411,7 @@ class SamplerEngine:
                 stop_token_ids=spec.stop_token_ids,
                 stop_strings=spec.stop_strings,
                 prompt_len=len(spec.prompt),
+                rope_delta=spec.vision.rope_delta if spec.vision is not None else 0,
             )
             for index, rng in enumerate(request.sample_rngs())
         ]
@@ -437,6 +451,7 @@ class SamplerEngine:
         active = batch.active
         decoder = batch.weights.decoder
         positions = [s.cached for s in active]
+        rope = [s.cached + s.rope_delta for s in active]  # differs after images (multimodal positions)
         attend = max(positions) + 1
         batch.pool.ensure(len(active), attend, used_slots=len(active), used_length=attend - 1)
         try:
@@ -447,6 +462,7 @@ class SamplerEngine:
                 torch.tensor([s.tokens[-1] for s in active], device=device),
                 torch.tensor(positions, device=device),
                 attend,
+                torch.tensor(rope, device=device) if rope != positions else None,
             )
             logits = sampler_model.logits(decoder, hidden)
             tokens, logprobs = select_tokens(

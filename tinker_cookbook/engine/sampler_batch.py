@@ -54,6 +54,8 @@ class Sequence:
     stop_token_ids: frozenset[int]
     stop_strings: tuple[str, ...]
     prompt_len: int
+    rope_delta: int = 0
+    """Rotary position minus cache position of generated tokens (negative after images in Qwen3-VL prompts)."""
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 

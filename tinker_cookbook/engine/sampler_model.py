@@ -21,13 +21,16 @@ import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 import transformers
 
 from tinker_cookbook.tinker.errors import BadRequestError
+
+if TYPE_CHECKING:
+    from tinker_cookbook.engine.vision import PackedVision
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_vl", "qwen3_vl_text")
 # RoPE variants whose frequencies do not depend on the sequence length seen so far.
@@ -507,8 +510,13 @@ class PrefillResult:
 
 
 @torch.inference_mode()
-def prefill(weights: DecoderWeights, prompts: list[list[int]], cache_dtype: torch.dtype) -> PrefillResult:
-    """Run several prompts packed into one token matrix; attention is causal within each prompt."""
+def prefill(
+    weights: DecoderWeights, prompts: list[list[int]], cache_dtype: torch.dtype, images: PackedVision | None = None
+) -> PrefillResult:
+    """Run several prompts packed into one token matrix; attention is causal within each prompt.
+
+    ``images`` (Qwen3-VL) puts image features and multimodal rotary positions into the packed prompts.
+    """
     spec = weights.spec
     lengths = [len(p) for p in prompts]
     total = sum(lengths)
@@ -525,6 +533,8 @@ def prefill(weights: DecoderWeights, prompts: list[list[int]], cache_dtype: torc
     for n in lengths:
         starts.append(starts[-1] + n)
     h = weights.embed[tokens].float()
+    if images is not None:
+        h, cos, sin = images.inputs(h, cos, sin)
     attn = torch.empty(total, spec.num_heads * spec.head_dim, dtype=torch.float32, device=device)
     for index, layer in enumerate(weights.layers):
         q, k, v = _attention_inputs(weights, layer, h, cos, sin)
@@ -537,6 +547,8 @@ def prefill(weights: DecoderWeights, prompts: list[list[int]], cache_dtype: torc
             )
             attn[start:end] = out[0].transpose(0, 1).reshape(end - start, -1)
         h = _finish_layer(layer, h, attn, spec.rms_eps)
+        if images is not None:
+            h = images.after_layer(index, h)
     return PrefillResult(kv=kv, hidden=[h[s:e] for s, e in itertools.pairwise(starts)])
 
 
@@ -547,17 +559,20 @@ def decode(
     tokens: torch.Tensor,
     positions: torch.Tensor,
     attend_len: int,
+    rope_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One decode step for sequences in cache slots ``0..n-1``; returns final hidden states ``[n, H]``.
 
     ``cache`` is ``[layers, 2, slots, nkv, capacity, hd]``; sequence ``i`` holds ``positions[i]`` cached tokens and
     its new K/V are written at ``positions[i]``. Attention reads the first ``attend_len`` cached positions of every
-    slot, masked per sequence.
+    slot, masked per sequence. ``rope_positions`` are the rotary positions when they differ from ``positions``
+    (tokens after images in Qwen3-VL).
     """
     spec = weights.spec
     n = tokens.shape[0]
     cos_table, sin_table = weights.rope_tables(attend_len)
-    cos, sin = cos_table[positions], sin_table[positions]
+    rope = positions if rope_positions is None else rope_positions
+    cos, sin = cos_table[rope], sin_table[rope]
     _, _, _, heads, capacity, head_dim = cache.shape
     # Row (slot i, head j, position p) of a layer's K (or V) viewed as [slots * heads * capacity, head_dim]:
     # index_copy_ of whole rows is much cheaper than advanced-index assignment into the 4-d view.

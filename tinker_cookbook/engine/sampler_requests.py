@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tinker_cookbook.engine.sampler_batch import RowParams
+from tinker_cookbook.engine.vision import PromptVision, SamplerVision, expand_model_input
 from tinker_cookbook.tinker import types
-from tinker_cookbook.tinker.errors import BadRequestError, UnprocessableEntityError
+from tinker_cookbook.tinker.errors import BadRequestError
 
 DEFAULT_MAX_TOKENS = 1024
 """``max_tokens=None`` samples up to this many tokens, or up to the end of the context window if that is nearer."""
@@ -32,6 +33,8 @@ class ModelLimits:
     context_window: int
     model_type: str
     accepts_images: bool
+    vision: SamplerVision | None = None
+    """Image handling of a vision-language model; None for text-only ones."""
 
 
 @dataclass(frozen=True)
@@ -47,29 +50,23 @@ class SampleRequest:
     stop_strings: tuple[str, ...]
     include_prompt_logprobs: bool
     topk_prompt_logprobs: int
+    vision: PromptVision | None = None
+    """The prompt's images and multimodal positions; None for a text-only prompt."""
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def prompt_tokens(prompt: types.ModelInput, limits: ModelLimits) -> list[int]:
-    """The prompt's token ids, checked against the vocabulary; image chunks are refused."""
+def prompt_tokens(prompt: types.ModelInput, limits: ModelLimits) -> tuple[list[int], PromptVision | None]:
+    """The prompt's token ids (images as their placeholder tokens), checked against the vocabulary, and its images
+    with their positions (None without images); image chunks for a text-only model are refused."""
     if not isinstance(prompt, types.ModelInput):
         raise BadRequestError(f"prompt must be a types.ModelInput, got {type(prompt).__name__}")
-    for index, chunk in enumerate(prompt.chunks):
-        if isinstance(chunk, types.EncodedTextChunk):
-            continue
-        if limits.accepts_images:
-            raise UnprocessableEntityError(
-                f"prompt.chunks[{index}] is a {type(chunk).__name__}: image inputs are not supported by the local "
-                f"sampler yet (model type {limits.model_type!r}); send text-only prompts"
-            )
-        raise UnprocessableEntityError(
-            f"prompt.chunks[{index}] is a {type(chunk).__name__}, but model type {limits.model_type!r} is text-only; "
-            "remove the image chunk or use a vision-language model"
-        )
-    tokens = prompt.to_ints()
+    if limits.vision is not None:
+        tokens, vision = limits.vision.prompt(prompt, "prompt")
+    else:
+        tokens, vision = expand_model_input(prompt, "prompt", None, f"model type {limits.model_type!r}")[0], None
     if not tokens:
         raise BadRequestError(
             "prompt is empty; give at least one token (e.g. the BOS token or a chat header)"
@@ -81,7 +78,7 @@ def prompt_tokens(prompt: types.ModelInput, limits: ModelLimits) -> list[int]:
             f"prompt holds token id {bad}, outside the model's vocabulary [0, {limits.vocab_size}); "
             "encode the prompt with this model's tokenizer"
         )
-    return tokens
+    return tokens, vision
 
 
 def _max_tokens(value: Any, prompt_len: int, limits: ModelLimits) -> int:
@@ -174,7 +171,7 @@ def validate_request(
         )
     if params.seed is not None and not _is_int(params.seed):
         raise BadRequestError(f"sampling_params.seed must be an integer or None, got {params.seed!r}")
-    tokens = prompt_tokens(prompt, limits)
+    tokens, vision = prompt_tokens(prompt, limits)
     stop_ids, stop_strings = _stops(params.stop, limits)
     if stop_strings and tokenizer is None:
         raise BadRequestError(
@@ -193,4 +190,5 @@ def validate_request(
         stop_strings=stop_strings,
         include_prompt_logprobs=bool(include_prompt_logprobs),
         topk_prompt_logprobs=int(topk_prompt_logprobs),
+        vision=vision,
     )

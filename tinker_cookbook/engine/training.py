@@ -28,7 +28,7 @@ import safetensors.torch
 import torch
 from transformers import PreTrainedModel
 
-from tinker_cookbook.engine import losses
+from tinker_cookbook.engine import losses, vision
 from tinker_cookbook.engine.models import ModelSpec
 from tinker_cookbook.engine.optimizer import AdamW, InvalidState, NonFiniteStep
 from tinker_cookbook.tinker import types
@@ -59,6 +59,7 @@ class BaseModel:
         text_config = getattr(model.config, "text_config", None) or model.config
         self.vocab_size: int = int(text_config.vocab_size)
         self.is_vision = hasattr(model.config, "vision_config")
+        self.image_inputs = vision.image_inputs_for(spec.name, spec.source, model.config)
         # References (no copies) to the weights before peft wraps the modules; they never change.
         tied = bool(getattr(text_config, "tie_word_embeddings", False) or getattr(model.config, "tie_word_embeddings", False))
         self.base_state: dict[str, torch.Tensor] = {
@@ -151,6 +152,7 @@ class BaseModel:
 class DatumTensors:
     input_ids: torch.Tensor
     inputs: dict[str, torch.Tensor]
+    images: tuple[vision.PreparedImage, ...] = ()
 
 
 @dataclass
@@ -179,12 +181,8 @@ class TrainingSession:
         if not isinstance(datum.model_input, types.ModelInput):
             raise BadRequestError(f"{where}.model_input is a {type(datum.model_input).__name__}, not a "
                                   "types.ModelInput; use types.ModelInput.from_ints(tokens)")
-        try:
-            tokens = datum.model_input.to_ints()
-        except ValueError as exc:
-            raise UnprocessableEntityError(
-                f"{where}.model_input holds image chunks; training on images is not supported by the local engine yet"
-            ) from exc
+        tokens, images = vision.expand_model_input(datum.model_input, f"{where}.model_input", self.base.image_inputs,
+                                                   self.base.spec.name)
         n = len(tokens)
         if n == 0:
             raise BadRequestError(f"{where}.model_input is empty; every datum needs at least one token")
@@ -213,7 +211,7 @@ class TrainingSession:
             shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in inputs.items())
             raise BadRequestError(f"{where} has loss inputs of different shapes (model_input has {n} tokens; {shapes}); "
                                   f"every loss input must have the shape of target_tokens, {list(shape)}")
-        return DatumTensors(torch.tensor(tokens, dtype=torch.int64), inputs)
+        return DatumTensors(torch.tensor(tokens, dtype=torch.int64), inputs, images)
 
     def _loss_input(self, where: str, key: str, td: Any, n: int) -> torch.Tensor:
         """One loss input as a checked tensor of shape ``[n]`` (or ``[n, k]``: k candidate tokens per position)."""
@@ -268,8 +266,12 @@ class TrainingSession:
         ids = torch.zeros(len(items), width, dtype=torch.long)
         for row, item in enumerate(items):
             ids[row, : len(item.input_ids)] = item.input_ids
+        images = [image for item in items for image in item.images]
         with torch.set_grad_enabled(grad):
-            hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+            if images:
+                hidden = vision.language_hidden(model, ids, images)
+            else:
+                hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
         leaf = hidden.detach().requires_grad_(grad and hidden.requires_grad)
         head = model.get_output_embeddings()
         logps, totals = [], []

@@ -32,11 +32,12 @@ from tinker_cookbook.exceptions import DataFormatError
 from tinker_cookbook.tokenizer_utils import get_tokenizer
 
 
-def _check_dataset(dataset: Sequence[dict[str, Any]], keys: tuple[str, ...]) -> None:
+def _check_dataset(dataset: Sequence[dict[str, Any]], keys: tuple[str, ...], parts_ok: tuple[str, ...] = ()) -> None:
+    """Every example has a string under each of ``keys`` (or, for ``parts_ok`` keys, a list of content parts)."""
     if not dataset:
         raise DataFormatError("the evaluation dataset is empty; pass at least one example")
     for index, example in enumerate(dataset):
-        missing = [key for key in keys if not isinstance(example.get(key), str)]
+        missing = [key for key in keys if not isinstance(example.get(key), (str, list) if key in parts_ok else str)]
         if missing:
             raise DataFormatError(f"dataset[{index}] has no string field(s) {missing}: {example!r}; every example "
                                   f"needs {list(keys)}")
@@ -45,12 +46,15 @@ def _check_dataset(dataset: Sequence[dict[str, Any]], keys: tuple[str, ...]) -> 
 class CustomEvaluator(SamplingClientEvaluator):
     """Samples an answer to each ``{"input": ..., "output": ...}`` example and grades it with ``grader_fn``.
 
+    ``input`` is the user message's content: a string, or a list of content parts (e.g. an image and a question,
+    for a vision-language model's renderer).
+
     Metrics: ``{name}/accuracy``, the fraction of answers for which ``grader_fn(response, target)`` is true.
     """
 
     def __init__(self, dataset: Sequence[dict[str, Any]], grader_fn: Callable[[str, str], bool], model_name: str,
                  renderer_name: str, max_tokens: int = 100, temperature: float = 0.7, name: str = "custom") -> None:
-        _check_dataset(dataset, ("input", "output"))
+        _check_dataset(dataset, ("input", "output"), parts_ok=("input",))
         self.dataset = list(dataset)
         self.grader_fn = grader_fn
         self.renderer = renderers.get_renderer(renderer_name, get_tokenizer(model_name), model_name=model_name)
@@ -58,7 +62,7 @@ class CustomEvaluator(SamplingClientEvaluator):
         self.temperature = temperature
         self.name = name
 
-    async def _answer(self, sampling_client: tinker.SamplingClient, question: str) -> str:
+    async def _answer(self, sampling_client: tinker.SamplingClient, question: str | list[Any]) -> str:
         params = tinker.SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=1.0,
                                        stop=self.renderer.get_stop_sequences())
         prompt = self.renderer.build_generation_prompt([renderers.Message(role="user", content=question)])

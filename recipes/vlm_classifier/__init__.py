@@ -1,0 +1,1 @@
+"""``python -m recipes.vlm_classifier.train``: an image classifier from a vision-language model (SFT)."""
