@@ -33,7 +33,7 @@ from pathlib import Path
 SEED = 4242
 HERE = Path(__file__).resolve().parent
 NUM_SFT = 192
-NUM_TRAIN_PAIRS = 128
+NUM_TRAIN_PAIRS = 192
 NUM_TEST_PAIRS = 64
 TEST_FRACTION = 0.25  # of each subject list, held out for the test pairs
 

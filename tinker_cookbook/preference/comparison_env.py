@@ -30,7 +30,7 @@ import chz
 
 from tinker_cookbook import tinker
 from tinker_cookbook.completers import StopCondition
-from tinker_cookbook.exceptions import ConfigurationError
+from tinker_cookbook.exceptions import ConfigurationError, DataError, RendererError
 from tinker_cookbook.preference.preference_datasets import ComparisonDatasetBuilder, Comparisons
 from tinker_cookbook.preference.preference_model import PreferenceModel, PreferenceModelBuilder
 from tinker_cookbook.preference.types import Comparison
@@ -153,7 +153,12 @@ def distinct_prompts(comparisons: Comparisons, limit: int | None = None) -> list
     for index in range(len(comparisons)):
         if limit is not None and len(prompts) >= limit:
             break
-        prompt = comparisons.get(index).comparison.prompt_conversation
+        try:
+            prompt = comparisons.get(index).comparison.prompt_conversation
+        except (DataError, RendererError):
+            if comparisons.on_invalid == "raise":
+                raise
+            continue  # hub data: a malformed row is skipped, as in training
         key = repr(prompt)
         if key not in seen:
             seen.add(key)

@@ -14,8 +14,8 @@ instruction (``INSTRUCTION``: which reply is better, A or B?) and a user message
 
 and the model is trained by supervised learning to reply with the preferred letter. Only the label's first token
 is trained (``comparison_to_datum`` cuts the sequence right after it), so the model learns the choice, not the
-end-of-turn tokens. ``PreferenceModelDatasetBuilder`` swaps every other comparison (or renders each in both
-orders), so that the letters carry no position bias in the data.
+end-of-turn tokens. ``PreferenceModelDatasetBuilder`` renders each comparison in both orders (or, cheaper, swaps
+every other one), so that the letters carry no position bias in the data.
 
 ``LabelLogprobPreferenceModel`` judges with the trained weights through a sampling client: the probability that
 A is better is ``softmax(logprob(A), logprob(B))`` of the two label tokens after the prompt (one forward pass:
@@ -66,7 +66,8 @@ def comparison_messages(comparison: Comparison) -> list[Message]:
 def _label_prefix(comparison: Comparison, label: str, renderer: Renderer) -> tuple[list[int], int]:
     """The tokens of the comparison prompt followed by the first token of the reply ``label``, and the index of
     that token (the only one trained)."""
-    messages = [*comparison_messages(comparison), {"role": "assistant", "content": label}]
+    answer: Message = {"role": "assistant", "content": label}
+    messages = [*comparison_messages(comparison), answer]
     model_input, weights = renderer.build_supervised_example(messages, TrainOnWhat.LAST_ASSISTANT_MESSAGE)
     trained = [i for i, w in enumerate(weights.tolist()) if i > 0 and w > 0]
     if not trained:
@@ -91,13 +92,15 @@ def comparison_to_datum(labeled: LabeledComparison, renderer: Renderer, max_leng
 class PreferenceModelDatasetBuilder(DPODatasetBuilder):
     """Supervised data for the preference model from labelled comparisons.
 
-    ``both_orders=True``: each comparison gives two datums, as given and swapped. ``False`` (cheaper): one datum,
-    comparison ``i`` swapped when ``i`` is odd, so that either letter is the answer about half the time even when
-    the data always lists the chosen completion first. ``common_config.batch_size`` counts comparisons. The test
+    ``both_orders=True``: each comparison gives two datums in the same batch, as given and swapped: the only way
+    to fit both is to judge the replies, not their positions (a 135M model fitted to one order per comparison
+    mostly learns to answer A). ``False`` (half the cost): one datum, comparison ``i`` swapped when ``i`` is odd,
+    so that either letter is the answer about half the time even when the data always lists the chosen
+    completion first. ``common_config.batch_size`` counts comparisons. The test
     set is one batch.
     """
 
-    both_orders: bool = False
+    both_orders: bool = True
 
     def _render(self, comparisons: Comparisons, index: int) -> list[types.Datum]:
         labeled = comparisons.get(index)

@@ -157,8 +157,8 @@ def defaults(args: Mapping[str, str]) -> dict[str, Any]:
         "sft.dataset_builder.common_config.max_length": 128,
         "sft.eval_every": 10,  # the held-out NLL before and after
         "sft.save_every": 5,
-        # Stage 2: one order per comparison (every other one swapped), only the label token trained; the held-out
-        # accuracy (both orders) at the start and the end (an infrequent evaluator; eval_every=8 adds the label NLL).
+        # Stage 2: each comparison in both orders (8 comparisons = 16 datums a step), only the label token trained;
+        # held-out accuracy (both orders) at the start and the end (an infrequent evaluator; eval_every adds the NLL).
         "rm.dataset_builder": PreferenceModelDatasetBuilder,
         "rm.dataset_builder.common_config.batch_size": 8,
         "rm.dataset_builder.common_config.max_length": 512,
@@ -174,8 +174,8 @@ def defaults(args: Mapping[str, str]) -> dict[str, Any]:
         "rl.dataset_builder.batch_size": 4,
         "rl.dataset_builder.group_size": 4,
         "rl.max_tokens": 20,
-        "rl.max_steps": 16,
-        "rl.eval_every": 16,  # the win rate against the SFT policy before and after
+        "rl.max_steps": 24,
+        "rl.eval_every": 12,  # the win rate against the SFT policy at the start, half-way and the end
         "rl.save_every": 4,
     })
     values.update(_dataset_defaults(args.get(DATASET.name, DATASET.default)))
