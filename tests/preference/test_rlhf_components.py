@@ -165,3 +165,40 @@ def test_win_rate_of_a_policy_against_itself_is_one_half(renderer, tiny_client):
     metrics = asyncio.run(evaluator(tiny_client))  # same weights, same seeds: the same replies on both sides
     assert metrics["win_rate/win_rate"] == 0.5 and metrics["win_rate/num_matchups"] == 4
     assert metrics["win_rate/stderr"] == 0.0
+
+
+# -- data ------------------------------------------------------------------------------------------------------
+
+
+def _labels(datums, renderer) -> list[str]:
+    return [renderer.tokenizer.decode([d.loss_fn_inputs["target_tokens"].tolist()[-1]]) for d in datums]
+
+
+@pytest.mark.parametrize("both_orders", [True, False])
+def test_preference_model_data_puts_the_preferred_reply_in_either_slot(renderer, both_orders):
+    from tinker_cookbook.preference.preference_model import PreferenceModelDatasetBuilder
+    from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
+
+    common = ChatDatasetBuilderCommonConfig(model_name_for_tokenizer=TINY_MODEL, renderer_name="chatml",
+                                            max_length=512, batch_size=4)
+    train, test = PreferenceModelDatasetBuilder(common_config=common, comparison_builder=RLHFExampleComparisonBuilder(),
+                                                both_orders=both_orders)()
+    batch = train.get_batch(0)
+    labels = _labels(batch, renderer)
+    assert len(batch) == (8 if both_orders else 4) and set(labels) == {"A", "B"}
+    if both_orders:  # each comparison as given (the chosen reply is A) and swapped, next to each other
+        assert labels == ["A", "B"] * 4
+    assert test is not None and len(test.get_batch(0)) == 64 * (2 if both_orders else 1)
+
+
+def test_prompt_list_skips_malformed_hub_rows_and_stops_on_bad_file_rows():
+    from tinker_cookbook.preference.comparison_env import distinct_prompts
+    from tinker_cookbook.preference.preference_datasets import Comparisons, parse_pair_row
+
+    rows = [{"prompt": "Q1", "chosen": "a", "rejected": "b"}, {"prompt": "Q1", "chosen": "c", "rejected": "d"},
+            {"prompt": "Q2"}, {"prompt": "Q3", "chosen": "e", "rejected": "f"}]
+    hub = Comparisons(rows, parse_pair_row, str, on_invalid="skip", check_up_front=False)
+    assert distinct_prompts(hub) == [[{"role": "user", "content": "Q1"}], [{"role": "user", "content": "Q3"}]]
+    assert distinct_prompts(hub, limit=1) == [[{"role": "user", "content": "Q1"}]]
+    with pytest.raises(ValueError, match="missing"):
+        distinct_prompts(Comparisons(rows, parse_pair_row, str))
