@@ -29,6 +29,7 @@ from tinker_cookbook import renderers, tinker
 from tinker_cookbook.completers import MessageCompleter, TinkerMessageCompleter
 from tinker_cookbook.eval.evaluators import SamplingClientEvaluator
 from tinker_cookbook.exceptions import DataFormatError
+from tinker_cookbook.preference.types import LabeledComparison
 from tinker_cookbook.tokenizer_utils import get_tokenizer
 
 
@@ -189,3 +190,159 @@ class LLMJudgeEvaluatorBuilder:
         return LLMJudgeEvaluator(load_examples(self.examples_path), grader, self.model_name, self.renderer_name,
                                  rubric=self.rubric, max_tokens=self.max_tokens, temperature=self.temperature,
                                  name=self.name)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Preference-model judges (RLHF: ``tinker_cookbook.preference.preference_model``)
+# ---------------------------------------------------------------------------------------------------------
+
+
+class PreferenceAccuracyEvaluator(SamplingClientEvaluator):
+    """Held-out accuracy of a pairwise preference model while it trains: the evaluated weights are the judge.
+
+    Each labelled comparison is judged in both orders (``judge_both_orders``). Metrics under ``name``:
+    ``accuracy`` (1 when both orders pick the labelled side, 0.5 when they disagree), ``accuracy_as_shown``,
+    ``accuracy_swapped`` (each order alone) and ``num_pairs``.
+    """
+
+    def __init__(self, comparisons: Sequence[LabeledComparison], renderer: renderers.Renderer,
+                 name: str = "preference") -> None:
+        self.comparisons = [c for c in comparisons if c.label != "Tie"]
+        if not self.comparisons:
+            raise DataFormatError("no labelled comparison (A or B) to measure the preference model's accuracy on")
+        self.renderer = renderer
+        self.name = name
+
+    async def __call__(self, sampling_client: tinker.SamplingClient) -> dict[str, float]:
+        from tinker_cookbook.preference.preference_model import (
+            LabelLogprobPreferenceModel,
+            judge_both_orders,
+            preference_accuracy_metrics,
+        )
+
+        model = LabelLogprobPreferenceModel(sampling_client, self.renderer)
+        verdicts = await judge_both_orders(model, [c.comparison for c in self.comparisons])
+        return preference_accuracy_metrics(verdicts, [c.label for c in self.comparisons], self.name)
+
+
+@chz.chz
+class PreferenceAccuracyEvaluatorBuilder:
+    """A ``PreferenceAccuracyEvaluator`` on the test split of ``comparison_builder`` (at most ``max_pairs``)."""
+
+    comparison_builder: Any
+    """A ``preference_datasets.ComparisonDatasetBuilder`` with a test split."""
+    model_name: str
+    renderer_name: str | None = None
+    max_pairs: int | None = None
+    name: str = "preference"
+
+    def __call__(self) -> PreferenceAccuracyEvaluator:
+        from tinker_cookbook.preference.preference_model import PreferenceModelBuilder
+
+        _, test = self.comparison_builder()
+        if test is None:
+            raise DataFormatError(f"{type(self.comparison_builder).__name__} has no test split to measure "
+                                  "the preference model's accuracy on")
+        n = len(test) if self.max_pairs is None else min(self.max_pairs, len(test))
+        renderer = PreferenceModelBuilder(model_name=self.model_name, renderer_name=self.renderer_name).renderer()
+        return PreferenceAccuracyEvaluator([test.get(i) for i in range(n)], renderer, self.name)
+
+
+class ComparisonEvaluator(SamplingClientEvaluator):
+    """Win rate of the evaluated policy against a fixed reference policy on held-out prompts, judged by a
+    preference model in both completion orders.
+
+    For every prompt both policies sample ``samples_per_prompt`` replies (seeded; the reference's are sampled once
+    and kept, since its weights never change), paired in order. A matchup counts 1 when the judge prefers the
+    policy's reply with it shown first and with it shown second, 0.5 when the two orders disagree, 0 otherwise;
+    a reply that is empty or cut off at ``max_tokens`` loses to a valid one (two invalid ones: 0.5).
+    Metrics under ``name``: ``win_rate``, ``stderr`` (of the mean over matchups), ``win_prob`` (the judge's mean
+    probability, orders averaged), ``format`` (valid policy replies) and ``num_matchups``.
+    """
+
+    def __init__(self, prompts: Sequence[list[renderers.Message]], reference_client: tinker.SamplingClient,
+                 preference_model: Any, renderer: renderers.Renderer, max_tokens: int, temperature: float = 1.0,
+                 samples_per_prompt: int = 1, seed: int = 0, name: str = "win_rate") -> None:
+        if not prompts:
+            raise DataFormatError("no prompts to measure the win rate on")
+        self.prompts = list(prompts)
+        self.reference_client = reference_client
+        self.preference_model = preference_model
+        self.renderer = renderer
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.samples_per_prompt = samples_per_prompt
+        self.seed = seed
+        self.name = name
+        self._reference: list[tuple[renderers.Message, bool]] | None = None
+
+    async def _replies(self, client: tinker.SamplingClient) -> list[tuple[renderers.Message, bool]]:
+        from tinker_cookbook.preference.comparison_env import parse_reply
+
+        async def sample(index: int, prompt: list[renderers.Message]) -> list[tuple[renderers.Message, bool]]:
+            params = tinker.SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature,
+                                           seed=self.seed + index, stop=self.renderer.get_stop_sequences())
+            response = await client.sample_async(self.renderer.build_generation_prompt(prompt),
+                                                 self.samples_per_prompt, params)
+            return [parse_reply(self.renderer, seq.tokens) for seq in response.sequences]
+
+        per_prompt = await asyncio.gather(*(sample(i, p) for i, p in enumerate(self.prompts)))
+        return [reply for replies in per_prompt for reply in replies]
+
+    async def __call__(self, sampling_client: tinker.SamplingClient) -> dict[str, float]:
+        from tinker_cookbook.preference.preference_model import judge_both_orders
+        from tinker_cookbook.preference.types import Comparison
+
+        if self._reference is None:
+            self._reference = await self._replies(self.reference_client)
+        policy = await self._replies(sampling_client)
+        prompts = [p for p in self.prompts for _ in range(self.samples_per_prompt)]
+        judged = [i for i, ((_, ok), (_, ref_ok)) in enumerate(zip(policy, self._reference, strict=True))
+                  if ok and ref_ok]
+        verdicts = await judge_both_orders(self.preference_model, [
+            Comparison(prompts[i], [policy[i][0]], [self._reference[i][0]]) for i in judged])
+        wins = [0.5 if ok == ref_ok else float(ok) for (_, ok), (_, ref_ok) in zip(policy, self._reference,
+                                                                                      strict=True)]
+        probs = list(wins)
+        for k, i in enumerate(judged):
+            wins[i] = verdicts.decided(k)
+            probs[i] = 0.5 * (verdicts.forward[k] + verdicts.swapped[k])
+        n = len(wins)
+        mean = sum(wins) / n
+        variance = sum((w - mean) ** 2 for w in wins) / max(n - 1, 1)
+        return {f"{self.name}/win_rate": mean, f"{self.name}/stderr": (variance / n) ** 0.5,
+                f"{self.name}/win_prob": sum(probs) / n,
+                f"{self.name}/format": sum(ok for _, ok in policy) / n, f"{self.name}/num_matchups": float(n)}
+
+
+@chz.chz
+class ComparisonEvaluatorBuilder:
+    """A ``ComparisonEvaluator`` on the distinct test prompts of ``comparison_builder`` (at most ``max_prompts``),
+    against the reference policy in ``reference_model_path``, judged by ``preference_model_builder``."""
+
+    comparison_builder: Any
+    """A ``preference_datasets.ComparisonDatasetBuilder`` whose test split holds the held-out prompts."""
+    preference_model_builder: Any
+    """A ``preference_model.PreferenceModelBuilder``."""
+    reference_model_path: str
+    """The reference policy's sampler checkpoint (in RLHF: the SFT policy)."""
+    model_name: str
+    renderer_name: str | None = None
+    max_tokens: int = 32
+    temperature: float = 1.0
+    samples_per_prompt: int = 2
+    max_prompts: int | None = None
+    seed: int = 0
+    name: str = "win_rate"
+
+    def __call__(self) -> ComparisonEvaluator:
+        from tinker_cookbook.preference.comparison_env import distinct_prompts
+
+        _, test = self.comparison_builder()
+        if test is None:
+            raise DataFormatError(f"{type(self.comparison_builder).__name__} has no test split of held-out prompts")
+        prompts = distinct_prompts(test, self.max_prompts)
+        reference = tinker.ServiceClient().create_sampling_client(model_path=self.reference_model_path)
+        renderer = self.preference_model_builder.renderer()
+        return ComparisonEvaluator(prompts, reference, self.preference_model_builder(), renderer, self.max_tokens,
+                                   self.temperature, self.samples_per_prompt, self.seed, self.name)

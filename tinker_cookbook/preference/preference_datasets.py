@@ -4,6 +4,8 @@ Comparison builders (chz configs; each returns ``(train, test | None)`` as ``Com
 
 - ``example`` (``ExampleComparisonBuilder``): the project's offline set, ``example-data/preferences/``
   (the chosen reply follows a format instruction stated in the prompt, the rejected one breaks it);
+- ``rlhf_example`` (``RLHFExampleComparisonBuilder``): the RLHF pipeline's offline pairs, ``example-data/rlhf/``
+  (helpful full-sentence answers over curt ones over evasive ones);
 - ``jsonl`` (``JsonlComparisonBuilder``): your own pairs, one ``{"prompt": ..., "chosen": ..., "rejected": ...}``
   per line (see ``parse_pair_row``);
 - ``hhh`` (Anthropic/hh-rlhf), ``helpsteer3`` (nvidia/HelpSteer3), ``ultrafeedback``
@@ -194,6 +196,20 @@ class ExampleComparisonBuilder(ComparisonDatasetBuilder):
         return jsonl_comparisons(EXAMPLE_DATA_DIR / "train.jsonl"), jsonl_comparisons(EXAMPLE_DATA_DIR / "test.jsonl")
 
 
+RLHF_DATA_DIR = EXAMPLE_DATA_DIR.parent / "rlhf"
+
+
+@chz.chz
+class RLHFExampleComparisonBuilder(ComparisonDatasetBuilder):
+    """The RLHF pipeline's offline pairs (``example-data/rlhf/comparisons_{train,test}.jsonl``, see
+    ``make_rlhf_data.py`` there): a full-sentence answer beats a curt one, which beats an evasive one; the test
+    questions are about unseen subjects."""
+
+    def __call__(self) -> tuple[Comparisons, Comparisons | None]:
+        return (jsonl_comparisons(RLHF_DATA_DIR / "comparisons_train.jsonl"),
+                jsonl_comparisons(RLHF_DATA_DIR / "comparisons_test.jsonl"))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Hub datasets
 # ---------------------------------------------------------------------------------------------------------
@@ -300,6 +316,7 @@ class UltraFeedbackComparisonBuilder(ComparisonDatasetBuilder):
 
 # The names the command line uses (``dataset=hhh``); chz looks them up in this module.
 example = ExampleComparisonBuilder
+rlhf_example = RLHFExampleComparisonBuilder
 jsonl = JsonlComparisonBuilder
 hhh = HHHComparisonBuilder
 helpsteer3 = HelpSteer3ComparisonBuilder

@@ -1,0 +1,1 @@
+"""RLHF pipeline recipe (SFT, preference model, RL)."""
