@@ -78,27 +78,27 @@ _SCORE_CHUNK = 256
 EXIT_JOIN_TIMEOUT_S = 10.0
 
 
-def default_sampling_dtype() -> torch.dtype:
-    """The sampler's default precision: ``$TINKER_COOKBOOK_SAMPLER_DTYPE`` (fp32|bf16) if set, else bf16 where the
-    hardware has bf16 matmul units (AMX / AVX512-BF16 CPUs, CUDA GPUs) and fp32 elsewhere.
+def default_sampling_dtype(device: torch.device | str | None = None) -> torch.dtype:
+    """The sampler's default precision: ``$TINKER_COOKBOOK_SAMPLER_DTYPE`` (fp32|bf16) if set, else fp32 on CPU and
+    bf16 on a GPU (``device``; None means the engine's device, see ``tinker_cookbook.engine.device``).
 
-    On SmolLM2-135M bf16 sampling reports logprobs that differ from an fp32 learner's by about 0.02 on average
-    (kl_sample_train v2 about 5e-4; see bench/bench_sampling.py), which the importance-sampling losses correct.
-    Choose fp32 when sampler and learner logprobs must agree to 1e-3.
+    fp32 keeps sampler logprobs within ~1e-5 of the fp32 learner (kl_sample_train ~0), and on CPU it is faster
+    than the bf16 path was before attention and the unembedding were reworked (oneDNN's packed fp32 kernels).
+    bf16 is ~1.5x faster on CPUs with bf16 matrix units, but its rounded weights and activations move logprobs by
+    ~0.02 on average (~0.03 on prompt tokens; SmolLM2-135M, see bench/bench_sampling.py), which the
+    importance-sampling losses must then correct. On a GPU bf16 is the default: its matmuls are several times
+    faster there.
     """
     value = os.environ.get(DTYPE_ENV, "").strip().lower()
-    if not value:
-        return torch.bfloat16 if _bf16_is_fast() else torch.float32
-    if value not in _DTYPES:
-        raise BadRequestError(f"${DTYPE_ENV}={value!r} is not a sampler dtype; use one of fp32, bf16")
-    return _DTYPES[value]
+    if value:
+        if value not in _DTYPES:
+            raise BadRequestError(f"${DTYPE_ENV}={value!r} is not a sampler dtype; use one of fp32, bf16")
+        return _DTYPES[value]
+    if device is None:
+        from tinker_cookbook.engine.device import engine_device
 
-
-def _bf16_is_fast() -> bool:
-    if torch.cuda.is_available():
-        return True
-    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # private, so looked up defensively
-    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
+        device = engine_device()
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
 @dataclass(frozen=True, eq=False)
@@ -204,7 +204,8 @@ class _Batch:
 
     def __init__(self, weights: SamplingWeights):
         self.weights = weights
-        self.pool = KVPool(weights.decoder.spec, weights.dtype, weights.decoder.device)
+        decoder = weights.decoder
+        self.pool = KVPool(decoder.spec, sampler_model.kv_cache_dtype(decoder), decoder.device)
         self.waiting: collections.deque[_Request] = collections.deque()
         self.ready: collections.deque[Sequence] = collections.deque()
         self.active: list[Sequence] = []
@@ -405,7 +406,12 @@ class SamplerEngine:
         for start in range(0, len(sequences), self.max_batch_sequences):
             chunk = sequences[start : start + self.max_batch_sequences]
             uniforms = [s.next_uniform() for s in chunk]
-            tokens, logprobs = select_tokens(last.expand(len(chunk), -1), [s.params for s in chunk], uniforms)
+            tokens, logprobs = select_tokens(
+                last.expand(len(chunk), -1),
+                [s.params for s in chunk],
+                uniforms,
+                lambda chosen: sampler_model.token_logits(decoder, hidden[-1:].expand(len(chosen), -1), chosen),
+            )
             for sequence, token, logprob in zip(chunk, tokens, logprobs, strict=True):
                 if not self._advance(sequence, token, logprob):
                     batch.ready.append(sequence)
@@ -450,7 +456,10 @@ class SamplerEngine:
             )
             logits = sampler_model.logits(decoder, hidden)
             tokens, logprobs = select_tokens(
-                logits, [s.params for s in active], [s.next_uniform() for s in active]
+                logits,
+                [s.params for s in active],
+                [s.next_uniform() for s in active],
+                lambda chosen: sampler_model.token_logits(decoder, hidden, chosen),
             )
         except Exception as error:  # noqa: BLE001 - the step failed for all its sequences; others keep going
             for sequence in active:

@@ -12,6 +12,7 @@ tokens do not depend on which other sequences share its batch.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,13 +195,18 @@ def _truncated_draw(
 
 
 def select_tokens(
-    logits: torch.Tensor, params: list[RowParams], uniforms: list[float]
+    logits: torch.Tensor,
+    params: list[RowParams],
+    uniforms: list[float],
+    exact_logits: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
 ) -> tuple[list[int], list[float]]:
     """Pick one token per row; return the tokens and their logprobs under the temperature-scaled distribution.
 
     Temperature 0 is greedy (argmax) and reports the logprob under the unscaled (temperature 1) distribution.
     With top-k / top-p the draw is restricted to the kept tokens, and the logprob reported is still the one of the
-    full temperature-scaled distribution (the quantity the docs define).
+    full temperature-scaled distribution (the quantity the docs define). ``exact_logits(tokens)``, when given and
+    not None, is the fp32 logit of each row's chosen token, used for its logprob in place of the row's value in
+    ``logits`` (which may be rounded).
     """
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
@@ -228,7 +234,11 @@ def select_tokens(
             top_k = torch.tensor([params[i].top_k for i in rows.tolist()], device=device)
             top_p = torch.tensor([params[i].top_p for i in rows.tolist()], dtype=torch.float32, device=device)
             tokens[rows] = _truncated_draw(scaled[rows], lse[rows], top_k, top_p, u[rows])
-    logprobs = scaled.gather(1, tokens[:, None])[:, 0] - lse
+    picked = scaled.gather(1, tokens[:, None])[:, 0]
+    exact = exact_logits(tokens) if exact_logits is not None else None
+    if exact is not None:
+        picked = exact / torch.where(greedy, 1.0, temperature)
+    logprobs = picked - lse
     return tokens.tolist(), logprobs.tolist()
 
 
