@@ -577,6 +577,70 @@ def prefill(weights: DecoderWeights, prompts: list[list[int]], cache_dtype: torc
     return PrefillResult(kv=kv, hidden=[h[s:e] for s, e in itertools.pairwise(starts)])
 
 
+@dataclass
+class SharedPrompts:
+    """The prompts' K/V, stored once per prompt and read by every sequence that continues it.
+
+    ``cache`` is ``[layers, 2, prompts, nkv, capacity, hd]``; prompt ``j`` holds ``lengths[j]`` positions; sequence
+    ``i`` of a decode step continues prompt ``of_row[i]`` and keeps only its generated tokens in its own slot.
+    """
+
+    cache: torch.Tensor
+    lengths: torch.Tensor
+    of_row: torch.Tensor
+
+
+@dataclass
+class _PromptGroups:
+    """The decode rows grouped by prompt, padded to the largest group (pads repeat row 0 and are never read)."""
+
+    prompts: torch.Tensor | None
+    """The prompt slots in use this step, or None when every slot of the cache is in use."""
+
+    size: int
+    """Rows per group after padding."""
+
+    padded: torch.Tensor
+    """[groups * size]: the row at each padded position."""
+
+    position: torch.Tensor
+    """[n]: each row's padded position."""
+
+    bias: torch.Tensor
+    """[groups, 1, 1, prompt_len]: 0 at a prompt's positions, -inf past its end."""
+
+    length: int
+    """The longest prompt in use: how many cached positions are read."""
+
+
+def _group_rows(shared: SharedPrompts) -> _PromptGroups:
+    of_row = shared.of_row
+    used, group = torch.unique(of_row, return_inverse=True)  # group: [n], the index of each row's prompt in used
+    count = used.shape[0]
+    order = torch.argsort(group, stable=True)
+    sizes = torch.bincount(group, minlength=count)
+    size = int(sizes.max())
+    starts = torch.cumsum(sizes, 0) - sizes
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.shape[0], device=of_row.device) - starts[group[order]]
+    position = group * size + rank
+    padded = torch.zeros(count * size, dtype=torch.long, device=of_row.device)
+    padded[position] = torch.arange(of_row.shape[0], device=of_row.device)
+    lengths = shared.lengths[used]
+    length = int(lengths.max())
+    past = torch.arange(length, device=of_row.device)[None, :] >= lengths[:, None]
+    bias = torch.zeros(past.shape, dtype=torch.float32, device=of_row.device).masked_fill_(past, -math.inf)
+    all_used = count == shared.cache.shape[2]  # used is sorted: then it is 0..count-1
+    return _PromptGroups(
+        prompts=None if all_used else used,
+        size=size,
+        padded=padded,
+        position=position,
+        bias=bias[:, None, None, :],
+        length=length,
+    )
+
+
 @torch.inference_mode()
 def decode(
     weights: DecoderWeights,
@@ -584,24 +648,28 @@ def decode(
     tokens: torch.Tensor,
     positions: torch.Tensor,
     attend_len: int,
+    shared: SharedPrompts | None = None,
 ) -> torch.Tensor:
     """One decode step for sequences in cache slots ``0..n-1``; returns final hidden states ``[n, H]``.
 
-    ``cache`` is ``[layers, 2, slots, nkv, capacity, hd]``; sequence ``i`` holds ``positions[i]`` cached tokens and
-    its new K/V are written at ``positions[i]``. Attention reads the first ``attend_len`` cached positions of every
-    slot, masked per sequence.
+    ``cache`` is ``[layers, 2, slots, nkv, capacity, hd]``; sequence ``i`` is at position ``positions[i]`` and its
+    new K/V are written at ``positions[i]`` of its slot, or at ``positions[i] - prompt length`` with ``shared``
+    prompts (the slot then holds only generated tokens). Attention reads the first ``attend_len`` positions of
+    every slot, masked per sequence, and with ``shared`` prompts the sequence's prompt first.
     """
     spec = weights.spec
     n = tokens.shape[0]
-    cos_table, sin_table = weights.rope_tables(attend_len)
+    cos_table, sin_table = weights.rope_tables(int(positions.max()) + 1)
     cos, sin = cos_table[positions], sin_table[positions]
+    local = positions if shared is None else positions - shared.lengths[shared.of_row]
+    groups = None if shared is None else _group_rows(shared)
     _, _, _, heads, capacity, head_dim = cache.shape
     # Row (slot i, head j, position p) of a layer's K (or V) viewed as [slots * heads * capacity, head_dim]:
     # index_copy_ of whole rows is much cheaper than advanced-index assignment into the 4-d view.
     rows = torch.arange(n, device=tokens.device)[:, None] * heads + torch.arange(heads, device=tokens.device)
-    rows = (rows * capacity + positions[:, None]).reshape(-1)
+    rows = (rows * capacity + local[:, None]).reshape(-1)
     # Additive mask [n, 1, 1, attend_len]: 0 where sequence i has a cached position, -inf beyond it.
-    beyond = torch.arange(attend_len, device=tokens.device)[None, :] > positions[:, None]
+    beyond = torch.arange(attend_len, device=tokens.device)[None, :] > local[:, None]
     bias = torch.zeros(beyond.shape, dtype=torch.float32, device=tokens.device).masked_fill_(beyond, -math.inf)
     bias = bias[:, None, None, :]
     h = weights.embed[tokens].float()
@@ -610,7 +678,15 @@ def decode(
         keys, values = cache[index, 0], cache[index, 1]
         keys.view(-1, head_dim).index_copy_(0, rows, k.reshape(-1, head_dim).to(cache.dtype))
         values.view(-1, head_dim).index_copy_(0, rows, v.reshape(-1, head_dim).to(cache.dtype))
-        out = _decode_attention(q, keys[:n, :, :attend_len], values[:n, :, :attend_len], bias)
+        own = (keys[:n, :, :attend_len], values[:n, :, :attend_len], bias)
+        if shared is None or groups is None:
+            out = _decode_attention(q, *own)
+        else:
+            prompt_keys, prompt_values = shared.cache[index, 0], shared.cache[index, 1]
+            if groups.prompts is not None:
+                prompt_keys, prompt_values = prompt_keys[groups.prompts], prompt_values[groups.prompts]
+            prompt = (prompt_keys[:, :, : groups.length], prompt_values[:, :, : groups.length])
+            out = _shared_decode_attention(q, *own, *prompt, groups)
         h = _finish_layer(layer, h, out, spec.rms_eps)
     return h
 
@@ -629,3 +705,41 @@ def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     scores = torch.matmul(grouped, keys.transpose(-1, -2)).mul_(head_dim**-0.5).add_(bias)
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, values).reshape(n, num_heads * head_dim)
+
+
+def _shared_decode_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    bias: torch.Tensor,
+    prompt_keys: torch.Tensor,
+    prompt_values: torch.Tensor,
+    groups: _PromptGroups,
+) -> torch.Tensor:
+    """``_decode_attention`` over each sequence's prompt (``prompt_keys [groups, nkv, P, hd]``) then its own K/V.
+
+    One softmax over both parts; the prompt part is computed per group, all sequences of a prompt against its K/V
+    in one matmul, so a prompt's K/V are stored and read once for all its samples.
+    """
+    n, num_heads, head_dim = q.shape
+    num_kv = keys.shape[1]
+    per_kv = num_heads // num_kv
+    count, size, length = groups.bias.shape[0], groups.size, groups.length
+
+    def to_groups(x: torch.Tensor) -> torch.Tensor:  # [n, nkv, per_kv, X] -> [groups, nkv, size * per_kv, X]
+        x = x[groups.padded].view(count, size, num_kv, per_kv, -1)
+        return x.transpose(1, 2).reshape(count, num_kv, size * per_kv, -1)
+
+    def to_rows(x: torch.Tensor) -> torch.Tensor:  # the inverse of to_groups
+        x = x.view(count, num_kv, size, per_kv, -1).transpose(1, 2).reshape(count * size, num_kv, per_kv, -1)
+        return x[groups.position]
+
+    grouped = q.view(n, num_kv, per_kv, head_dim)
+    scale = head_dim**-0.5
+    prompt_scores = torch.matmul(to_groups(grouped), prompt_keys.float().transpose(-1, -2)).mul_(scale)
+    prompt_scores = to_rows(prompt_scores.add_(groups.bias))
+    own_scores = torch.matmul(grouped, keys.float().transpose(-1, -2)).mul_(scale).add_(bias)
+    probs = torch.softmax(torch.cat([prompt_scores, own_scores], dim=-1), dim=-1)
+    out = torch.matmul(probs[..., length:], values.float())
+    out += to_rows(torch.matmul(to_groups(probs[..., :length]), prompt_values.float()))
+    return out.reshape(n, num_heads * head_dim)
