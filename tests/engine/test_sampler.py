@@ -84,8 +84,9 @@ def _tiny_qwen2() -> torch.nn.Module:
     return model
 
 
-def _weights(model: torch.nn.Module, dtype: torch.dtype = torch.float32) -> SamplingWeights:
-    return SamplingWeights.build(model.config, model.state_dict(), None, None, dtype)
+def _weights(model: torch.nn.Module, dtype: torch.dtype = torch.float32, device: str = "cpu") -> SamplingWeights:
+    state = {k: v.to(device) for k, v in model.state_dict().items()}
+    return SamplingWeights.build(model.config, state, None, None, dtype)
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +95,8 @@ def qwen3() -> Qwen3ForCausalLM:
 
 
 @pytest.fixture(scope="module")
-def qwen3_weights(qwen3: Qwen3ForCausalLM) -> SamplingWeights:
-    return _weights(qwen3)
+def qwen3_weights(qwen3: Qwen3ForCausalLM, device: str) -> SamplingWeights:
+    return _weights(qwen3, device=device)
 
 
 @pytest.fixture(scope="module")
@@ -470,9 +471,9 @@ def test_lora_fp32_logprobs_equal_peft_forward(engine: SamplerEngine, tokenizer:
     )
 
 
-def test_bf16_mode_stays_close_to_fp32(engine: SamplerEngine, qwen3: Any, tokenizer: Any) -> None:
+def test_bf16_mode_stays_close_to_fp32(engine: SamplerEngine, qwen3: Any, tokenizer: Any, device: str) -> None:
     """bf16 weights and cache: concurrent requests of different lengths give finite logprobs near fp32 HF."""
-    weights = _weights(qwen3, torch.bfloat16)
+    weights = _weights(qwen3, torch.bfloat16, device)
     prompts = [
         tokenizer.encode(text) for text in ("Lower precision", "Another prompt that is quite a bit longer")
     ]
@@ -490,7 +491,7 @@ def test_bf16_mode_stays_close_to_fp32(engine: SamplerEngine, qwen3: Any, tokeni
 
 
 def test_bf16_decode_and_prefill_report_the_same_logprobs(
-    engine: SamplerEngine, qwen3: Any, tokenizer: Any
+    engine: SamplerEngine, qwen3: Any, tokenizer: Any, device: str
 ) -> None:
     """A sampled token's logprob (decode path) equals its prompt logprob when the sequence is scored (prefill).
 
@@ -502,7 +503,7 @@ def test_bf16_decode_and_prefill_report_the_same_logprobs(
     bf16 queries; sampled tokens outside the exact top logits kept their rounded logit) the mean was 0.02 and the
     max 0.1.
     """
-    weights = _weights(qwen3, torch.bfloat16)
+    weights = _weights(qwen3, torch.bfloat16, device)
     prompt = tokenizer.encode("Prefill and decode must agree on every logprob they report")
     response = _sample(engine, weights, tokenizer, types.ModelInput.from_ints(prompt), 4, max_tokens=24, seed=3)
     for sequence in response.sequences:
