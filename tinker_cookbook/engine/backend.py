@@ -123,7 +123,7 @@ class LocalBackend:
             compute = engine_devices.base_dtype(self.device)
             model = models.load_model(name, torch.float32)
             if self.device.type != "cpu":
-                model.to(self.device)  # in place (nn.Module.to returns the module itself)
+                torch.nn.Module.to(model, self.device)  # in place; PreTrainedModel.to has a narrower stub
             self._bases[name] = BaseModel(spec, model, compute)
             engine_devices.announce(self.device, compute, default_sampling_dtype(self.device))
         return self._bases[name]
