@@ -40,11 +40,11 @@ def make_config(smoke: bool) -> Any:
     if smoke:
         return LlamaConfig(
             vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=2048, rope_theta=500000.0,
+            num_key_value_heads=2, max_position_embeddings=2048, rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
         )  # fmt: skip
     return LlamaConfig(  # Llama-3-8B
         vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0, tie_word_embeddings=False,
+        num_key_value_heads=8, max_position_embeddings=8192, rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, tie_word_embeddings=False,
     )  # fmt: skip
 
 
