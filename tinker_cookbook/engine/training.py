@@ -29,6 +29,7 @@ import torch
 from transformers import PreTrainedModel
 
 from tinker_cookbook.engine import losses
+from tinker_cookbook.engine.device import fast_fp32_matmuls
 from tinker_cookbook.engine.models import ModelSpec
 from tinker_cookbook.engine.optimizer import AdamW, InvalidState, NonFiniteStep
 from tinker_cookbook.tinker import types
@@ -313,7 +314,8 @@ class TrainingSession:
         totals = [0.0] * len(batch)
         for group in _length_groups([len(item.input_ids) for item in batch]):
             group_losses = [token_losses[i] for i in group] if token_losses is not None else None
-            group_logps, group_totals = self._run_group(model, [batch[i] for i in group], group_losses)
+            with fast_fp32_matmuls(self.base.device):
+                group_logps, group_totals = self._run_group(model, [batch[i] for i in group], group_losses)
             for i, logp, total in zip(group, group_logps, group_totals, strict=True):
                 logps[i], totals[i] = logp, total
         return logps, totals
