@@ -6,9 +6,11 @@ once, on stderr, what it chose (``announce``).
 
 Precision per device (one place, read by training and the sampler):
 
-- CPU: the frozen base in fp32 (``$TINKER_COOKBOOK_TRAIN_DTYPE=bf16`` stores it in bf16 for CPUs with bf16 matrix
-  units), LoRA parameters, gradients and Adam state in fp32; the sampler in fp32 (see ``default_sampling_dtype``).
-- CUDA: the frozen base in bf16 (bf16 tensor-core matmuls), LoRA parameters, gradients and Adam state in fp32,
+- CPU: the frozen base in fp32 (``$TINKER_COOKBOOK_TRAIN_DTYPE=bf16`` runs its matmuls in bf16 through autocast;
+  on the CPUs measured so far that is slower than fp32, see the README), LoRA parameters, gradients and Adam state
+  in fp32; fp32 matmuls through oneDNN where that is exact (``fast_fp32_matmuls``); the sampler in fp32 (see
+  ``default_sampling_dtype``).
+- CUDA: the frozen base's matmuls in bf16 (autocast: bf16 tensor cores; weights stored fp32), LoRA parameters, gradients and Adam state in fp32,
   the sampler in bf16 with its K/V cache on the GPU.
 """
 
