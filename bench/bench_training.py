@@ -1,14 +1,20 @@
-"""Training throughput and peak memory: the engine vs a plain transformers+peft loop, in one run.
+"""Training throughput and peak memory: the engine (fp32 and bf16 base) vs a plain transformers+peft loop, in one run.
 
     python bench/bench_training.py                      # SmolLM2-135M-Instruct, LoRA r32, 8 seqs of 64-512 tokens
     python bench/bench_training.py --steps 5 --model tinker-cookbook/tiny-smollm2
+    python bench/bench_training.py --reps 2             # alternate the three sides twice, keep each one's best
 
 Each side runs in its own subprocess (so peak RSS is its own) on the same data: a batch of 8 sequences with
 lengths drawn uniformly from 64-512, LoRA rank 32 on all linear layers incl. the unembedding, AdamW. The baseline
 is what a user would write by hand: pad the batch, ``model(input_ids, attention_mask, labels=...)``, backward,
 ``torch.optim.AdamW``. Reported: tokens/s over real (non-pad) tokens, peak RSS, the ratios engine/baseline, achieved
 GFLOP/s at 4·N FLOPs per token (forward 2N + backward through activations 2N; LoRA skips base weight gradients)
-next to this machine's measured fp32 matmul peak. Not a test: machines are noisy, so compare within one run.
+next to this machine's measured matmul peaks (fp32 through torch.mm, i.e. the BLAS, and through oneDNN's packed
+kernels; bf16 through oneDNN). The engine runs twice: fp32 (the default) and with the frozen base in bf16
+(``TINKER_COOKBOOK_TRAIN_DTYPE=bf16``: bf16 matmuls, LoRA/Adam/logits fp32); the bf16 side's mismatch is the
+mean/max |d| of its forward logprobs against the fp32 side's on a held-out batch (before any training step), which
+is the sampler/learner mismatch it adds (the default fp32 sampler agrees with the fp32 learner to ~1e-5).
+Not a test: machines are noisy, so compare within one run.
 """
 
 from __future__ import annotations
@@ -56,12 +62,16 @@ def run_engine(model: str, steps: int) -> dict[str, float]:
         fb.result(), opt.result()
         return sum(len(s) - 1 for s in seqs)
 
+    held_out = make_batch(999, n=4)
+    forward = tc.forward(data_for(held_out), "cross_entropy").result()
+    eval_logprobs = [x for out in forward.loss_fn_outputs for x in out["logprobs"].tolist()]
     step(0)  # warm-up
     start, tokens = time.perf_counter(), 0
     for i in range(steps):
         tokens += step(i + 1)
     elapsed = time.perf_counter() - start
-    return {"tokens_per_s": tokens / elapsed, "peak_rss_gb": peak_rss_gb(), "loaded_rss_gb": loaded_rss}
+    return {"tokens_per_s": tokens / elapsed, "peak_rss_gb": peak_rss_gb(), "loaded_rss_gb": loaded_rss,
+            "eval_logprobs": eval_logprobs}
 
 
 def run_baseline(model_name: str, steps: int) -> dict[str, float]:
@@ -101,16 +111,31 @@ def run_baseline(model_name: str, steps: int) -> dict[str, float]:
     return {"tokens_per_s": tokens / elapsed, "peak_rss_gb": peak_rss_gb(), "loaded_rss_gb": loaded_rss}
 
 
-def matmul_peak_gflops() -> float:
+def matmul_peaks_gflops() -> dict[str, float]:
+    """Best-of-10 GFLOP/s of a 2048^3 matmul: fp32 via torch.mm (the BLAS), fp32 and bf16 via oneDNN packed."""
     import torch
 
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    for _ in range(3):
-        a @ b
-    start, reps = time.perf_counter(), 10
-    for _ in range(reps):
-        a @ b
-    return 2 * 2048**3 * reps / (time.perf_counter() - start) / 1e9
+
+    def best(fn: object, *args: object) -> float:
+        for _ in range(3):
+            fn(*args)  # type: ignore[operator]
+        times = []
+        for _ in range(10):
+            start = time.perf_counter()
+            fn(*args)  # type: ignore[operator]
+            times.append(time.perf_counter() - start)
+        return 2 * 2048**3 / min(times) / 1e9
+
+    peaks = {"fp32 torch.mm": best(torch.mm, a, b)}
+    for name, dtype in (("fp32 oneDNN", torch.float32), ("bf16 oneDNN", torch.bfloat16)):
+        try:
+            packed = torch.ops.mkldnn._reorder_linear_weight(b.T.contiguous().to(dtype), 2048)
+            x = a.to(dtype)
+            peaks[name] = best(torch.ops.mkldnn._linear_pointwise, x, packed, None, "none", [None], "")
+        except Exception:  # noqa: BLE001 - no oneDNN here: report what there is
+            pass
+    return peaks
 
 
 def param_count(model: str) -> int:
@@ -126,7 +151,7 @@ def param_count(model: str) -> int:
 
 
 def child(side: str, model: str, steps: int) -> None:
-    result = run_engine(model, steps) if side == "engine" else run_baseline(model, steps)
+    result = run_engine(model, steps) if side.startswith("engine") else run_baseline(model, steps)
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -134,7 +159,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--child", choices=["engine", "baseline"])
+    parser.add_argument("--child", choices=["engine", "engine-bf16", "baseline"])
+    parser.add_argument("--reps", type=int, default=1, help="alternating rounds of the three sides (best kept)")
     parser.add_argument("--no-fast-malloc", action="store_true", help="run both sides with glibc's default malloc")
     args = parser.parse_args()
     if args.child:
@@ -142,27 +168,44 @@ def main() -> None:
         return
     env = {**os.environ, "TINKER_COOKBOOK_NO_REEXEC": "1"}
     env.update({} if args.no_fast_malloc else FAST_MALLOC)
+    env.pop("TINKER_COOKBOOK_TRAIN_DTYPE", None)
+    # The script's own directory is bench/: put this tree's root first so that it is the code measured.
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                         env.get("PYTHONPATH", "")])
     malloc = "glibc defaults" if args.no_fast_malloc else "fast malloc env (" + ", ".join(f"{k}={v}" for k, v in FAST_MALLOC.items()) + ")"
     print(f"model {args.model}, LoRA r32 all linear + unembed, 8 seqs x 64-512 tokens, {args.steps} timed steps")
-    print(f"malloc: {malloc}; torch threads: {os.cpu_count()} cores")
-    results = {}
-    for side in ("baseline", "engine"):
-        out = subprocess.run([sys.executable, __file__, "--child", side, "--model", args.model, "--steps",
-                              str(args.steps)], env=env, capture_output=True, text=True)
-        line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-        if out.returncode != 0 or not line:
-            sys.exit(f"{side} failed:\n{out.stderr[-3000:]}")
-        results[side] = json.loads(line[0][len("RESULT "):])
-        r = results[side]
-        print(f"{side:>9}: {r['tokens_per_s']:8.1f} tok/s   peak RSS {r['peak_rss_gb']:.2f} GB "
-              f"(after load {r['loaded_rss_gb']:.2f} GB)")
-    e, b = results["engine"], results["baseline"]
+    print(f"malloc: {malloc}; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}; {args.reps} round(s)")
+    results: dict[str, dict] = {}
+    sides = ("baseline", "engine", "engine-bf16")
+    for _ in range(args.reps):
+        for side in sides:
+            side_env = {**env, "TINKER_COOKBOOK_TRAIN_DTYPE": "bf16"} if side == "engine-bf16" else env
+            out = subprocess.run([sys.executable, __file__, "--child", side, "--model", args.model, "--steps",
+                                  str(args.steps)], env=side_env, capture_output=True, text=True)
+            line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+            if out.returncode != 0 or not line:
+                sys.exit(f"{side} failed:\n{out.stderr[-3000:]}")
+            result = json.loads(line[0][len("RESULT "):])
+            if side not in results or result["tokens_per_s"] > results[side]["tokens_per_s"]:
+                results[side] = result
     n = param_count(args.model)
-    peak = matmul_peak_gflops()
+    for side in sides:
+        r = results[side]
+        print(f"{side:>11}: {r['tokens_per_s']:8.1f} tok/s   peak RSS {r['peak_rss_gb']:.2f} GB "
+              f"(after load {r['loaded_rss_gb']:.2f} GB)   {4 * n * r['tokens_per_s'] / 1e9:.1f} GFLOP/s")
+    e, b, h = results["engine"], results["baseline"], results["engine-bf16"]
     print(f"ratio engine/baseline: throughput {e['tokens_per_s'] / b['tokens_per_s']:.2f}x (target >= 1.0), "
           f"peak memory {e['peak_rss_gb'] / b['peak_rss_gb']:.2f}x (target <= 0.6)")
-    print(f"achieved: engine {4 * n * e['tokens_per_s'] / 1e9:.1f} GFLOP/s, baseline "
-          f"{4 * n * b['tokens_per_s'] / 1e9:.1f} GFLOP/s (4*N, N={n / 1e6:.1f}M); fp32 matmul peak {peak:.0f} GFLOP/s")
+    import torch
+
+    d = torch.tensor(h["eval_logprobs"], dtype=torch.float64) - torch.tensor(e["eval_logprobs"], dtype=torch.float64)
+    print(f"bf16 base / fp32: throughput {h['tokens_per_s'] / e['tokens_per_s']:.2f}x (target >= 1.6); logprobs vs "
+          f"fp32 learner: mean|d| {d.abs().mean():.4f} max {d.abs().max():.3f} over {d.numel()} held-out tokens")
+    peaks = matmul_peaks_gflops()
+    print("matmul peaks (GFLOP/s): " + ", ".join(f"{k} {v:.0f}" for k, v in peaks.items()))
+    fp32_peak = max(v for k, v in peaks.items() if k.startswith("fp32"))
+    print(f"engine fp32: {4 * n * e['tokens_per_s'] / 1e9 / fp32_peak:.0%} of the best fp32 peak (target >= 60%); "
+          f"engine bf16: {4 * n * h['tokens_per_s'] / 1e9 / peaks.get('bf16 oneDNN', float('nan')):.0%} of bf16's")
 
 
 if __name__ == "__main__":

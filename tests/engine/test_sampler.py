@@ -84,8 +84,9 @@ def _tiny_qwen2() -> torch.nn.Module:
     return model
 
 
-def _weights(model: torch.nn.Module, dtype: torch.dtype = torch.float32) -> SamplingWeights:
-    return SamplingWeights.build(model.config, model.state_dict(), None, None, dtype)
+def _weights(model: torch.nn.Module, dtype: torch.dtype = torch.float32, device: str = "cpu") -> SamplingWeights:
+    state = {k: v.to(device) for k, v in model.state_dict().items()}
+    return SamplingWeights.build(model.config, state, None, None, dtype)
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +95,8 @@ def qwen3() -> Qwen3ForCausalLM:
 
 
 @pytest.fixture(scope="module")
-def qwen3_weights(qwen3: Qwen3ForCausalLM) -> SamplingWeights:
-    return _weights(qwen3)
+def qwen3_weights(qwen3: Qwen3ForCausalLM, device: str) -> SamplingWeights:
+    return _weights(qwen3, device=device)
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +165,58 @@ def test_decoder_matches_hf_logits(make: Any) -> None:
             reference = model(torch.tensor([prompt + [3 + slot]])).logits[0]
         torch.testing.assert_close(sampler_model.logits(weights, hidden), reference[:-1], atol=1e-4, rtol=0)
         torch.testing.assert_close(step[slot], reference[-1], atol=1e-4, rtol=0)
+
+
+def test_shared_prompt_decode_equals_per_sequence_copies(qwen3: Any) -> None:
+    """Prompts stored once and read by all their samples give the decode of per-sample prompt copies.
+
+    Rows of three prompts (lengths 7, 4, 11) interleaved unevenly, as slot compaction leaves them, over three steps;
+    prompt slot 1 is unused, as after its last sample finished. Same fp32 arithmetic except that the softmax-
+    weighted sum over the prompt and the generated positions is two matmuls instead of one: fp32 summation order,
+    a few ulp per operation (measured 7e-7 of the largest state after two layers); bound 1e-5 of the largest.
+    """
+    weights = _weights(qwen3).decoder
+    spec = weights.spec
+    prompts = [[5, 17, 300, 9, 44, 1000, 7], [12, 8, 100, 2000], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
+    kvs = sampler_model.prefill(weights, prompts, torch.float32).kv
+    of_row = [2, 0, 2, 0, 2]
+    lengths = torch.tensor([len(p) for p in prompts])
+    copies = torch.zeros(spec.num_layers, 2, len(of_row), spec.num_kv_heads, 32, spec.head_dim)
+    for row, prompt in enumerate(of_row):
+        copies[:, :, row, :, : len(prompts[prompt])] = kvs[prompt]
+    shared_cache = torch.zeros(spec.num_layers, 2, len(prompts), spec.num_kv_heads, 16, spec.head_dim)
+    for slot, kv in enumerate(kvs):
+        shared_cache[:, :, slot, :, : kv.shape[3]] = kv
+    shared = sampler_model.SharedPrompts(shared_cache, lengths, torch.tensor(of_row))
+    own = torch.zeros(spec.num_layers, 2, len(of_row), spec.num_kv_heads, 8, spec.head_dim)
+    positions = lengths[of_row].clone()
+    for step in range(3):
+        tokens = torch.tensor([7 + 13 * row + step for row in range(len(of_row))])
+        expected = sampler_model.decode(weights, copies, tokens, positions, int(positions.max()) + 1)
+        got = sampler_model.decode(weights, own, tokens, positions, step + 1, shared)
+        torch.testing.assert_close(got, expected, atol=1e-5 * float(expected.abs().max()), rtol=0)
+        positions += 1
+
+
+def test_samples_of_a_prompt_share_its_kv_cache(qwen3_weights: SamplingWeights, tokenizer: Any) -> None:
+    """8 samples of a 300-token prompt hold at most 0.3x the K/V memory of 8 prompt copies (issue 17's bound).
+
+    The prompt's K/V are stored once; each sample keeps its generated tokens' K/V only. The bound is on what the
+    caches allocate (headroom included), against 8 copies that would fit exactly.
+    """
+    prompt = list(range(1000, 1300))
+    samples, new_tokens = 8, 16
+    with SamplerEngine() as fresh:
+        response = fresh.submit(
+            qwen3_weights, None, types.ModelInput.from_ints(prompt), samples,
+            types.SamplingParams(max_tokens=new_tokens, seed=1),
+        ).result(timeout=60)  # fmt: skip
+        peak = fresh.stats().peak_kv_bytes
+    assert all(len(s.tokens) == new_tokens for s in response.sequences)
+    spec = qwen3_weights.decoder.spec
+    per_position = spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * 4  # fp32 K and V
+    copies = samples * (len(prompt) + new_tokens) * per_position
+    assert 0 < peak <= 0.3 * copies
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -418,9 +471,9 @@ def test_lora_fp32_logprobs_equal_peft_forward(engine: SamplerEngine, tokenizer:
     )
 
 
-def test_bf16_mode_stays_close_to_fp32(engine: SamplerEngine, qwen3: Any, tokenizer: Any) -> None:
+def test_bf16_mode_stays_close_to_fp32(engine: SamplerEngine, qwen3: Any, tokenizer: Any, device: str) -> None:
     """bf16 weights and cache: concurrent requests of different lengths give finite logprobs near fp32 HF."""
-    weights = _weights(qwen3, torch.bfloat16)
+    weights = _weights(qwen3, torch.bfloat16, device)
     prompts = [
         tokenizer.encode(text) for text in ("Lower precision", "Another prompt that is quite a bit longer")
     ]
@@ -435,6 +488,36 @@ def test_bf16_mode_stays_close_to_fp32(engine: SamplerEngine, qwen3: Any, tokeni
             reference = _hf_logprobs(qwen3, prompt_tokens + sequence.tokens)[len(prompt_tokens) - 1 : -1]
             picked = reference.gather(1, torch.tensor(sequence.tokens)[:, None])[:, 0]
             assert (torch.tensor(sequence.logprobs) - picked).abs().mean() < 0.1
+
+
+def test_bf16_decode_and_prefill_report_the_same_logprobs(
+    engine: SamplerEngine, qwen3: Any, tokenizer: Any, device: str
+) -> None:
+    """A sampled token's logprob (decode path) equals its prompt logprob when the sequence is scored (prefill).
+
+    Both paths use the same bf16 weights, fp32 attention over the same K/V values and the exact fp32 logit of the
+    token, and oneDNN's bf16 matmuls give the same result for a row whatever the row count. What is left: fp32
+    summation order (prefill's SDPA vs decode's two matmuls, ~1e-7 relative), which can flip the bf16 rounding of
+    an activation in rare cases, and the token's logit entering the normaliser exactly in one path only. Measured
+    max 5e-5; the bound 2e-3 is 40x that. Before the paths were made consistent (decode read bf16-rounded K/V with
+    bf16 queries; sampled tokens outside the exact top logits kept their rounded logit) the mean was 0.02 and the
+    max 0.1.
+    """
+    weights = _weights(qwen3, torch.bfloat16, device)
+    prompt = tokenizer.encode("Prefill and decode must agree on every logprob they report")
+    response = _sample(engine, weights, tokenizer, types.ModelInput.from_ints(prompt), 4, max_tokens=24, seed=3)
+    for sequence in response.sequences:
+        scored = engine.submit(
+            weights,
+            tokenizer,
+            types.ModelInput.from_ints(prompt + sequence.tokens),
+            1,
+            types.SamplingParams(max_tokens=1),
+            include_prompt_logprobs=True,
+        ).result(timeout=60)
+        assert scored.prompt_logprobs is not None
+        prefill = torch.tensor(scored.prompt_logprobs[len(prompt) :])
+        assert (torch.tensor(sequence.logprobs) - prefill).abs().max() <= 2e-3
 
 
 def test_kv_pool_growth_keeps_contents_and_zeroes_new_space(qwen3_weights: SamplingWeights) -> None:
@@ -723,6 +806,10 @@ def test_unsupported_architecture_is_refused() -> None:
 def test_default_dtype_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TINKER_COOKBOOK_SAMPLER_DTYPE", raising=False)
     assert default_sampling_dtype() in (torch.bfloat16, torch.float32)
+    # CPU default: fp32, the mode whose logprobs agree with the fp32 learner (test_bf16_decode_... shows bf16's gap).
+    assert default_sampling_dtype("cpu") == torch.float32
+    if torch.cuda.is_available():
+        assert default_sampling_dtype("cuda") == torch.bfloat16
     monkeypatch.setenv("TINKER_COOKBOOK_SAMPLER_DTYPE", "fp32")
     assert default_sampling_dtype() == torch.float32
     monkeypatch.setenv("TINKER_COOKBOOK_SAMPLER_DTYPE", "bf16")

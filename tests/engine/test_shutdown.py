@@ -77,7 +77,7 @@ def _env_with_repo_on_path() -> dict[str, str]:
 def backend(monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalBackend]:
     """A private engine, so that adapter counts are not disturbed by other tests' clients."""
     engine = LocalBackend()
-    monkeypatch.setattr(LocalBackend, "_default", engine)
+    monkeypatch.setitem(LocalBackend._defaults, str(engine.device), engine)
     yield engine
     engine.close()
 

@@ -197,6 +197,10 @@ def test_sync_loop_writes_metrics_checkpoints_and_transcripts(tmp_path):
     for key in ("env/all/correct", "env/all/format", "env/all/ac_tokens_per_turn", "optim/kl_sample_train_v1",
                 "optim/kl_sample_train_v2", "optim/entropy", "progress/done_frac", "time/total"):
         assert key in train_rows[-1], key
+    # The iteration split: sampling, training and the rest add up to the total.
+    last = train_rows[-1]
+    assert last["time/rollout"] + last["time/train"] <= last["time/rollout_and_train"] + 1e-6
+    assert abs(last["time/rollout_and_train"] + last["time/other"] - last["time/total"]) < 1e-6
     assert any("test/env/all/correct" in r for r in rows)  # eval at steps 0, 2 and after the end
     assert [c["name"] for c in _checkpoints(cfg.log_path)] == ["000002", "final"]
     html = (Path(cfg.log_path) / "iteration_000001" / "train.html").read_text()

@@ -21,10 +21,11 @@ import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
+from tinker_cookbook.engine import device as engine_devices
 from tinker_cookbook.engine import models
 from tinker_cookbook.engine.checkpoint_store import CheckpointKind, CheckpointStore
 from tinker_cookbook.engine.exit_hooks import CloseAtExit
@@ -52,10 +53,13 @@ class SamplerHandle:
 
 
 class LocalBackend:
-    _default: LocalBackend | None = None
+    _defaults: ClassVar[dict[str, LocalBackend]] = {}
     _default_lock = threading.Lock()
 
-    def __init__(self, store: CheckpointStore | None = None) -> None:
+    def __init__(self, store: CheckpointStore | None = None, device: str | torch.device | None = None) -> None:
+        """``device``: where models, training and sampling run (None: ``$TINKER_COOKBOOK_DEVICE``, default auto:
+        the GPU when torch sees one, else the CPU); see ``tinker_cookbook.engine.device``."""
+        self.device = engine_devices.resolve_device(device)
         self.store = store or CheckpointStore()
         self._bases: dict[str, BaseModel] = {}
         self._sessions: dict[str, TrainingSession] = {}
@@ -70,11 +74,13 @@ class LocalBackend:
 
     @classmethod
     def default(cls) -> LocalBackend:
-        """The process-wide engine, so that every client shares the loaded base models."""
+        """The process-wide engine (one per configured device), so that every client shares the loaded base models."""
+        device = str(engine_devices.engine_device())
         with cls._default_lock:
-            if cls._default is None or cls._default._closed:
-                cls._default = LocalBackend()
-            return cls._default
+            backend = cls._defaults.get(device)
+            if backend is None or backend._closed:
+                backend = cls._defaults[device] = LocalBackend(device=device)
+            return backend
 
     # -- plumbing ---------------------------------------------------------------------------------------
 
@@ -112,8 +118,15 @@ class LocalBackend:
 
     def _base(self, name: str) -> BaseModel:
         if name not in self._bases:
+            from tinker_cookbook.engine.sampler import default_sampling_dtype
+
             spec = models.get_model_spec(name)
-            self._bases[name] = BaseModel(spec, models.load_model(name, torch.float32))
+            compute = engine_devices.base_dtype(self.device)
+            model = models.load_model(name, torch.float32)
+            if self.device.type != "cpu":
+                torch.nn.Module.to(model, self.device)  # in place; PreTrainedModel.to has a narrower stub
+            self._bases[name] = BaseModel(spec, model, compute)
+            engine_devices.announce(self.device, compute, default_sampling_dtype(self.device))
         return self._bases[name]
 
     # -- service ----------------------------------------------------------------------------------------
@@ -291,7 +304,7 @@ class LocalBackend:
         from tinker_cookbook.engine.sampler import SamplingWeights, default_sampling_dtype
 
         weights = SamplingWeights.build(base.config, base.base_state, adapter_state, adapter_config,
-                                        default_sampling_dtype())
+                                        default_sampling_dtype(base.device))
         return SamplerHandle(base.spec.name, weights, get_tokenizer(base.spec.tokenizer_name), model_path)
 
     def snapshot_handle(self, session: TrainingSession, model_path: str | None) -> SamplerHandle:

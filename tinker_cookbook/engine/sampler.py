@@ -11,7 +11,8 @@ How requests run (one background worker thread):
 
 - ``submit`` validates synchronously (``BadRequestError`` naming the field) and queues the request.
 - Between two decode steps the worker prefills newly arrived prompts, several packed into one forward with no
-  padding. A prompt is prefilled once; its K/V are copied into a cache slot for each of its ``num_samples``.
+  padding. A prompt is prefilled once; its K/V are stored once in a prompt pool and read by all its
+  ``num_samples`` samples, each of which keeps only its generated tokens' K/V in its own cache slot.
 - Every decode step advances all active sequences of a weights snapshot together; finished sequences leave the
   batch at once (their slot is refilled by the last sequence), new ones join at the next step.
 
@@ -52,7 +53,14 @@ import transformers
 
 from tinker_cookbook.engine import sampler_model, vision
 from tinker_cookbook.engine.exit_hooks import CloseAtExit
-from tinker_cookbook.engine.sampler_batch import KVPool, Sequence, finish_reason, select_tokens
+from tinker_cookbook.engine.sampler_batch import (
+    KVPool,
+    PromptEntry,
+    PromptPool,
+    Sequence,
+    finish_reason,
+    select_tokens,
+)
 from tinker_cookbook.engine.sampler_requests import (
     DEFAULT_MAX_TOKENS,
     ModelLimits,
@@ -79,27 +87,27 @@ _SCORE_CHUNK = 256
 EXIT_JOIN_TIMEOUT_S = 10.0
 
 
-def default_sampling_dtype() -> torch.dtype:
-    """The sampler's default precision: ``$TINKER_COOKBOOK_SAMPLER_DTYPE`` (fp32|bf16) if set, else bf16 where the
-    hardware has bf16 matmul units (AMX / AVX512-BF16 CPUs, CUDA GPUs) and fp32 elsewhere.
+def default_sampling_dtype(device: torch.device | str | None = None) -> torch.dtype:
+    """The sampler's default precision: ``$TINKER_COOKBOOK_SAMPLER_DTYPE`` (fp32|bf16) if set, else fp32 on CPU and
+    bf16 on a GPU (``device``; None means the engine's device, see ``tinker_cookbook.engine.device``).
 
-    On SmolLM2-135M bf16 sampling reports logprobs that differ from an fp32 learner's by about 0.02 on average
-    (kl_sample_train v2 about 5e-4; see bench/bench_sampling.py), which the importance-sampling losses correct.
-    Choose fp32 when sampler and learner logprobs must agree to 1e-3.
+    fp32 keeps sampler logprobs within ~1e-5 of the fp32 learner (kl_sample_train ~0), and on CPU it is faster
+    than the bf16 path was before attention and the unembedding were reworked (oneDNN's packed fp32 kernels).
+    bf16 is ~1.5x faster on CPUs with bf16 matrix units, but its rounded weights and activations move logprobs by
+    ~0.02 on average (~0.03 on prompt tokens; SmolLM2-135M, see bench/bench_sampling.py), which the
+    importance-sampling losses must then correct. On a GPU bf16 is the default: its matmuls are several times
+    faster there.
     """
     value = os.environ.get(DTYPE_ENV, "").strip().lower()
-    if not value:
-        return torch.bfloat16 if _bf16_is_fast() else torch.float32
-    if value not in _DTYPES:
-        raise BadRequestError(f"${DTYPE_ENV}={value!r} is not a sampler dtype; use one of fp32, bf16")
-    return _DTYPES[value]
+    if value:
+        if value not in _DTYPES:
+            raise BadRequestError(f"${DTYPE_ENV}={value!r} is not a sampler dtype; use one of fp32, bf16")
+        return _DTYPES[value]
+    if device is None:
+        from tinker_cookbook.engine.device import engine_device
 
-
-def _bf16_is_fast() -> bool:
-    if torch.cuda.is_available():
-        return True
-    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # private, so looked up defensively
-    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
+        device = engine_device()
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
 @dataclass(frozen=True, eq=False)
@@ -170,6 +178,8 @@ class SamplerStats:
     """The most sequences advanced by a single decode step: > 1 shows that requests were batched together."""
 
     max_prompts_per_prefill: int = 0
+    peak_kv_bytes: int = 0
+    """The most memory the K/V caches (per-sequence slots and shared prompts, all snapshots) held at once."""
 
 
 class _Request:
@@ -184,6 +194,10 @@ class _Request:
         self.remaining = spec.num_samples
         self.unplaced = 0
         self.kv: torch.Tensor | None = None
+        """The prefilled prompt K/V while some samples wait for a slot."""
+
+        self.prompt_entry: PromptEntry | None = None
+        """The prompt's slot in the prompt pool while some samples are decoding."""
         self.prompt_logprobs: list[float | None] | None = None
         self.topk_prompt_logprobs: list[list[tuple[int, float]] | None] | None = None
 
@@ -206,7 +220,14 @@ class _Batch:
 
     def __init__(self, weights: SamplingWeights):
         self.weights = weights
-        self.pool = KVPool(weights.decoder.spec, weights.dtype, weights.decoder.device)
+        decoder = weights.decoder
+        dtype = sampler_model.kv_cache_dtype(decoder)
+        self.pool = KVPool(decoder.spec, dtype, decoder.device)
+        """Each decoding sequence's generated tokens."""
+
+        self.prompts = PromptPool(decoder.spec, dtype, decoder.device)
+        """The prompts being continued, once each, read by all their samples."""
+
         self.waiting: collections.deque[_Request] = collections.deque()
         self.ready: collections.deque[Sequence] = collections.deque()
         self.active: list[Sequence] = []
@@ -214,6 +235,18 @@ class _Batch:
     @property
     def idle(self) -> bool:
         return not (self.waiting or self.ready or self.active)
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.pool.num_bytes + self.prompts.num_bytes
+
+    def drop_active(self) -> None:
+        """Forget the decoding sequences and free both caches (after a failure, or when the batch is idle)."""
+        for sequence in self.active:
+            sequence.request.prompt_entry = None
+        self.active = []
+        self.pool.release()
+        self.prompts.release()
 
 
 class SamplerEngine:
@@ -317,10 +350,12 @@ class SamplerEngine:
                             self._fail(request, error)
                         batch.waiting.clear()
                         batch.ready.clear()
-                        batch.active = []
+                        batch.drop_active()
                     if batch.idle:
-                        batch.pool.release()
+                        batch.drop_active()
                         del self._batches[key]
+                held = sum(b.kv_bytes for b in self._batches.values())
+                self._stats.peak_kv_bytes = max(self._stats.peak_kv_bytes, held)
         self._fail_everything(RequestFailedError(
             "the sampler was shut down (SamplerEngine.close(), LocalBackend.close() or process exit) before this "
             "request finished; wait for sampling results before closing or exiting"
@@ -419,7 +454,12 @@ class SamplerEngine:
         for start in range(0, len(sequences), self.max_batch_sequences):
             chunk = sequences[start : start + self.max_batch_sequences]
             uniforms = [s.next_uniform() for s in chunk]
-            tokens, logprobs = select_tokens(last.expand(len(chunk), -1), [s.params for s in chunk], uniforms)
+            tokens, logprobs = select_tokens(
+                last.expand(len(chunk), -1),
+                [s.params for s in chunk],
+                uniforms,
+                lambda chosen: sampler_model.token_logits(decoder, hidden[-1:].expand(len(chosen), -1), chosen),
+            )
             for sequence, token, logprob in zip(chunk, tokens, logprobs, strict=True):
                 if not self._advance(sequence, token, logprob):
                     batch.ready.append(sequence)
@@ -428,23 +468,44 @@ class SamplerEngine:
             request.kv = kv
 
     def _place(self, batch: _Batch) -> None:
-        """Give ready sequences cache slots, copying their prompt's K/V."""
-        cached = max((s.cached for s in batch.active), default=0)
-        while batch.ready and len(batch.active) < self.max_batch_sequences:
+        """Give ready sequences cache slots; each request's prompt K/V go into the prompt pool once."""
+        placing: list[Sequence] = []
+        touched: dict[int, _Request] = {}
+        while batch.ready and len(batch.active) + len(placing) < self.max_batch_sequences:
             sequence = batch.ready.popleft()
             request = sequence.request
             request.unplaced -= 1
+            touched[id(request)] = request
             if not request.done:
-                assert request.kv is not None
-                slot = len(batch.active)
-                batch.pool.ensure(
-                    slot + 1, max(cached, sequence.cached) + 1, used_slots=slot, used_length=cached
-                )
-                batch.pool.load(slot, request.kv)
-                batch.active.append(sequence)
-                cached = max(cached, sequence.cached)
+                placing.append(sequence)
+        if placing:
+            self._store_prompts(batch, placing)
+        for request in touched.values():
             if request.unplaced == 0:
                 request.kv = None
+        batch.active.extend(placing)
+
+    def _store_prompts(self, batch: _Batch, placing: list[Sequence]) -> None:
+        """Put the prompts of ``placing`` into the prompt pool (once per request) and make room for their slots."""
+        try:
+            new = list({id(s.request): s.request for s in placing if s.request.prompt_entry is None}.values())
+            if new:
+                entries = batch.prompts.add([r.kv for r in new])  # type: ignore[misc]
+                for request, entry in zip(new, entries, strict=True):
+                    request.prompt_entry = entry
+            generated = max((s.generated_cached for s in batch.active), default=0)
+            # New sequences have no generated K/V yet: their slots need no copy (stale values there are masked).
+            batch.pool.ensure(
+                len(batch.active) + len(placing), generated + 1, used_slots=len(batch.active), used_length=generated
+            )
+        except Exception as error:
+            # These sequences are in no queue any more: fail their requests here, the caller fails the rest.
+            for sequence in placing:
+                self._fail(sequence.request, error)
+            raise
+        for sequence in placing:
+            sequence.prompt = sequence.request.prompt_entry
+            sequence.prompt.users += 1  # type: ignore[union-attr]
 
     def _decode(self, batch: _Batch) -> None:
         """Advance every active sequence of ``batch`` by one token."""
@@ -452,7 +513,7 @@ class SamplerEngine:
         decoder = batch.weights.decoder
         positions = [s.cached for s in active]
         rope = [s.cached + s.rope_delta for s in active]  # differs after images (multimodal positions)
-        attend = max(positions) + 1
+        attend = max(s.generated_cached for s in active) + 1
         batch.pool.ensure(len(active), attend, used_slots=len(active), used_length=attend - 1)
         try:
             device = decoder.device
@@ -460,19 +521,22 @@ class SamplerEngine:
                 decoder,
                 batch.pool.cache,  # type: ignore[arg-type]
                 torch.tensor([s.tokens[-1] for s in active], device=device),
-                torch.tensor(positions, device=device),
+                torch.tensor([s.cached for s in active], device=device),
                 attend,
+                batch.prompts.shared([s.prompt.slot for s in active]),  # type: ignore[union-attr]
                 torch.tensor(rope, device=device) if rope != positions else None,
             )
             logits = sampler_model.logits(decoder, hidden)
             tokens, logprobs = select_tokens(
-                logits, [s.params for s in active], [s.next_uniform() for s in active]
+                logits,
+                [s.params for s in active],
+                [s.next_uniform() for s in active],
+                lambda chosen: sampler_model.token_logits(decoder, hidden, chosen),
             )
         except Exception as error:  # noqa: BLE001 - the step failed for all its sequences; others keep going
             for sequence in active:
                 self._fail(sequence.request, error)
-            batch.active = []
-            batch.pool.release()
+            batch.drop_active()
             return
         self._stats.decode_steps += 1
         self._stats.max_batch_sequences_seen = max(self._stats.max_batch_sequences_seen, len(active))
@@ -515,11 +579,23 @@ class SamplerEngine:
         """Drop finished slots, moving the last active sequence into each hole (descending, so moves are safe)."""
         active = batch.active
         for slot in sorted(leaving, reverse=True):
+            self._leave_prompt(batch, active[slot])
             last = len(active) - 1
             if slot != last:
-                batch.pool.move(last, slot, active[last].cached)
+                batch.pool.move(last, slot, active[last].generated_cached)
                 active[slot] = active[last]
             active.pop()
+
+    @staticmethod
+    def _leave_prompt(batch: _Batch, sequence: Sequence) -> None:
+        """A sequence stops decoding: free its prompt's slot when no other sequence continues that prompt."""
+        entry, sequence.prompt = sequence.prompt, None
+        if entry is None:
+            return
+        entry.users -= 1
+        if entry.users == 0:
+            batch.prompts.remove(entry)
+            sequence.request.prompt_entry = None
 
     def _fail(self, request: _Request, error: BaseException) -> None:
         if request.done:
@@ -537,7 +613,7 @@ class SamplerEngine:
             self._incoming = []
         for batch in self._batches.values():
             pending += self._requests_of(batch)
-            batch.pool.release()
+            batch.drop_active()
         self._batches.clear()
         for request in pending:
             self._fail(request, error)

@@ -12,12 +12,13 @@ tokens do not depend on which other sequences share its batch.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from tinker_cookbook.engine.sampler_model import DecoderSpec, top_columns
+from tinker_cookbook.engine.sampler_model import DecoderSpec, SharedPrompts, top_columns
 from tinker_cookbook.tinker import types
 
 # Top-p first looks for the nucleus among this many most likely tokens and sorts the full vocabulary only for rows
@@ -58,18 +59,29 @@ class Sequence:
     """Rotary position minus cache position of generated tokens (negative after images in Qwen3-VL prompts)."""
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    prompt: PromptEntry | None = None
+    """The prompt pool entry this sequence continues, while it is decoding."""
 
     @property
     def cached(self) -> int:
         """Tokens whose K/V are in the cache: the prompt and every generated token but the last."""
         return self.prompt_len + len(self.tokens) - 1
 
+    @property
+    def generated_cached(self) -> int:
+        """Generated tokens whose K/V are in the sequence's own slot (its prompt's are in the prompt pool)."""
+        return self.cached - self.prompt_len
+
     def next_uniform(self) -> float:
         return self.rng.random()
 
 
 class KVPool:
-    """Slot-major K/V cache of one snapshot's decode batch, grown on demand."""
+    """Slot-major K/V cache ``[layers, 2, slots, nkv, capacity, hd]``, grown on demand.
+
+    The sampler keeps two: one slot per decoding sequence for its generated tokens, and one slot per prompt being
+    continued (``PromptPool``), shared by all of that prompt's samples.
+    """
 
     def __init__(self, spec: DecoderSpec, dtype: torch.dtype, device: torch.device):
         self.spec = spec
@@ -85,20 +97,28 @@ class KVPool:
     def capacity(self) -> int:
         return 0 if self.cache is None else self.cache.shape[4]
 
-    def ensure(self, slots: int, length: int, *, used_slots: int, used_length: int) -> None:
+    @property
+    def num_bytes(self) -> int:
+        return 0 if self.cache is None else self.cache.numel() * self.cache.element_size()
+
+    def ensure(
+        self, slots: int, length: int, *, used_slots: int, used_length: int, grows: bool = True
+    ) -> None:
         """Make room for ``slots`` sequences of up to ``length`` positions, keeping the used region.
 
-        Reallocates with headroom (25% more slots, 50% more positions) so that a batch growing one sequence or
-        one token at a time reallocates O(log n) times; and shrinks a cache four times larger than needed, so a
-        long-lived batch does not keep the memory of its busiest moment.
+        Reallocates with headroom (25% more slots, 50% more positions, at least 16; ``grows=False``: positions
+        only rounded up to 16, for contents that do not grow) so that a batch growing one sequence or one token at
+        a time reallocates O(log n) times; and shrinks a cache four times larger than needed, so a long-lived
+        batch does not keep the memory of its busiest moment.
         """
         needed = slots * length
         fits = slots <= self.slots and length <= self.capacity
         oversized = self.slots * self.capacity > 4 * max(needed, _MIN_SHRINK_ELEMENTS)
         if fits and not oversized:
             return
-        new_slots = slots + max(8, slots // 4)
-        new_length = min(-(-max(length + 64, length * 3 // 2) // 64) * 64, self.spec.max_positions)
+        new_slots = slots + slots // 4
+        wanted = max(length + 16, length * 3 // 2) if grows else length
+        new_length = min(-(-wanted // 16) * 16, self.spec.max_positions)
         spec = self.spec
         # Zeroed, not empty: attention reads masked positions too, and a NaN bit pattern there would poison it.
         cache = torch.zeros(
@@ -127,6 +147,69 @@ class KVPool:
 
     def release(self) -> None:
         self.cache = None
+
+
+@dataclass(eq=False)
+class PromptEntry:
+    """A prompt whose K/V are in the prompt pool, and how many decoding sequences continue it."""
+
+    slot: int
+    length: int
+    users: int = 0
+
+
+class PromptPool:
+    """The K/V of the prompts being continued, one slot per prompt whatever its number of samples.
+
+    Slots stay dense (``0..len-1``): a released prompt's slot is refilled by the last one, whose entry is updated.
+    """
+
+    def __init__(self, spec: DecoderSpec, dtype: torch.dtype, device: torch.device):
+        self.kv = KVPool(spec, dtype, device)
+        self.entries: list[PromptEntry] = []
+
+    def add(self, kvs: list[torch.Tensor]) -> list[PromptEntry]:
+        """Store prompts' K/V ``[layers, 2, nkv, len, hd]`` (one growth for all of them)."""
+        used_length = max((e.length for e in self.entries), default=0)
+        length = max([used_length] + [kv.shape[3] for kv in kvs])
+        self.kv.ensure(
+            len(self.entries) + len(kvs), length, used_slots=len(self.entries), used_length=used_length, grows=False
+        )
+        added = []
+        for kv in kvs:
+            entry = PromptEntry(slot=len(self.entries), length=kv.shape[3])
+            self.kv.load(entry.slot, kv)
+            self.entries.append(entry)
+            added.append(entry)
+        return added
+
+    def remove(self, entry: PromptEntry) -> None:
+        """Free ``entry``'s slot (no sequence continues it any more)."""
+        last = self.entries.pop()
+        if last is not entry:
+            self.kv.move(last.slot, entry.slot, last.length)
+            last.slot = entry.slot
+            self.entries[entry.slot] = last
+        if not self.entries:
+            self.kv.release()
+
+    def shared(self, of_row: list[int]) -> SharedPrompts:
+        """The view ``sampler_model.decode`` reads, for sequences continuing the prompts in slots ``of_row``."""
+        assert self.kv.cache is not None
+        device = self.kv.device
+        return SharedPrompts(
+            cache=self.kv.cache,
+            lengths=torch.tensor([e.length for e in self.entries], device=device),
+            of_row=torch.tensor(of_row, device=device),
+        )
+
+    @property
+    def num_bytes(self) -> int:
+        return self.kv.num_bytes
+
+    def release(self) -> None:
+        self.entries = []
+        self.kv.release()
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -196,13 +279,18 @@ def _truncated_draw(
 
 
 def select_tokens(
-    logits: torch.Tensor, params: list[RowParams], uniforms: list[float]
+    logits: torch.Tensor,
+    params: list[RowParams],
+    uniforms: list[float],
+    exact_logits: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
 ) -> tuple[list[int], list[float]]:
     """Pick one token per row; return the tokens and their logprobs under the temperature-scaled distribution.
 
     Temperature 0 is greedy (argmax) and reports the logprob under the unscaled (temperature 1) distribution.
     With top-k / top-p the draw is restricted to the kept tokens, and the logprob reported is still the one of the
-    full temperature-scaled distribution (the quantity the docs define).
+    full temperature-scaled distribution (the quantity the docs define). ``exact_logits(tokens)``, when given and
+    not None, is the fp32 logit of each row's chosen token, used for its logprob in place of the row's value in
+    ``logits`` (which may be rounded).
     """
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
@@ -230,7 +318,11 @@ def select_tokens(
             top_k = torch.tensor([params[i].top_k for i in rows.tolist()], device=device)
             top_p = torch.tensor([params[i].top_p for i in rows.tolist()], dtype=torch.float32, device=device)
             tokens[rows] = _truncated_draw(scaled[rows], lse[rows], top_k, top_p, u[rows])
-    logprobs = scaled.gather(1, tokens[:, None])[:, 0] - lse
+    picked = scaled.gather(1, tokens[:, None])[:, 0]
+    exact = exact_logits(tokens) if exact_logits is not None else None
+    if exact is not None:
+        picked = exact / torch.where(greedy, 1.0, temperature)
+    logprobs = picked - lse
     return tokens.tolist(), logprobs.tolist()
 
 

@@ -10,8 +10,9 @@ Python bookkeeping and small ops than in the matmuls at these sizes. This module
 - ``decode``: one token for each of ``n`` sequences against a slot-major K/V cache with per-sequence lengths;
 - ``logits``: the unembedding, with the largest logits of each row recomputed in fp32 when the weights are bf16.
 
-Precision: the residual stream, norms, RoPE and softmax run in fp32; only the matmul weights (and the K/V cache) take
-the snapshot's dtype. In fp32 this reproduces the HF forward to ~1e-5.
+Precision: the residual stream, norms, RoPE, attention (scores, softmax, weighted sum) and the logits run in fp32;
+only the matmul weights take the snapshot's dtype (and the K/V cache on a GPU, see ``kv_cache_dtype``; prefill then
+attends to the K/V rounded as decode reads them). In fp32 this reproduces the HF forward to ~1e-5.
 """
 
 from __future__ import annotations
@@ -59,29 +60,38 @@ class DecoderSpec:
 
 
 _PACK_BATCH_HINT = 128
-_packing_works: bool | None = None
+_packing_works: dict[torch.dtype, bool] = {}
 
 
-def _can_pack() -> bool:
-    """Whether oneDNN weight pre-packing works here and gives F.linear's exact results (checked once)."""
-    global _packing_works
-    if _packing_works is None:
+def _can_pack(dtype: torch.dtype) -> bool:
+    """Whether oneDNN weight pre-packing works here for ``dtype`` and agrees with F.linear (checked once per dtype).
+
+    bf16 must give F.linear's exact results. fp32 may differ in the summation order only (a few ulp): oneDNN runs
+    its own AVX-512 fp32 kernels, 2-5x faster than the BLAS behind F.linear on CPUs where that BLAS takes a
+    narrower code path (measured on AMD EPYC; see bench/bench_sampling.py).
+    """
+    if dtype not in _packing_works:
         try:
-            weight, x = torch.randn(48, 32).bfloat16(), torch.randn(3, 32).bfloat16()
+            weight, x = torch.randn(48, 32).to(dtype), torch.randn(3, 32).to(dtype)
             packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_HINT)
             out = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], "")
-            _packing_works = bool(torch.equal(out, F.linear(x, weight)))
+            reference = F.linear(x, weight)
+            if dtype == torch.float32:
+                _packing_works[dtype] = bool(torch.allclose(out, reference, rtol=1e-5, atol=1e-5))
+            else:
+                _packing_works[dtype] = bool(torch.equal(out, reference))
         except Exception:  # noqa: BLE001 - any failure (no oneDNN, no bf16 support) means: use F.linear
-            _packing_works = False
-    return _packing_works
+            _packing_works[dtype] = False
+    return _packing_works[dtype]
 
 
 @dataclass
 class Linear:
-    """A matmul weight ``[out, in]`` (+ bias); on CPU in bf16 pre-packed into oneDNN's blocked layout.
+    """A matmul weight ``[out, in]`` (+ bias); on CPU pre-packed into oneDNN's blocked layout (bf16 and fp32).
 
     F.linear re-lays out a bf16 weight for the AMX/AVX-512 kernels on every call; packing it once per snapshot
-    makes decode-sized matmuls 25-50% faster with bit-identical results.
+    makes decode-sized matmuls 25-50% faster with bit-identical results. In fp32, oneDNN's packed kernels are
+    2-5x faster than F.linear where the BLAS behind it does not use AVX-512 (see ``_can_pack``).
     """
 
     weight: torch.Tensor
@@ -91,7 +101,8 @@ class Linear:
     @classmethod
     def of(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
         weight = weight.contiguous()
-        if weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and _can_pack():
+        cpu = weight.device.type == "cpu"
+        if weight.dtype in (torch.bfloat16, torch.float32) and cpu and _can_pack(weight.dtype):
             packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_HINT)
             return cls(packed, None if bias is None else bias.to(weight.dtype), packed=True)
         return cls(weight, None if bias is None else bias.to(weight.dtype))
@@ -483,6 +494,19 @@ def logits(weights: DecoderWeights, h: torch.Tensor, also: torch.Tensor | None =
     return out.scatter_(1, columns, exact)
 
 
+def token_logits(weights: DecoderWeights, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor | None:
+    """The fp32 logit of ``tokens[i]`` for each row of final-layer hidden states ``h [rows, H]``; None when the
+    unembedding is fp32 already (``logits`` is exact then).
+
+    ``logits`` recomputes only the largest logits exactly; a sampled token outside them would report a logprob
+    off by the unembedding's rounding, and differ from the same token's prompt logprob (which is exact).
+    """
+    if weights.lm_head.dtype == torch.float32:
+        return None
+    x = rms_norm(h, weights.final_norm, weights.spec.rms_eps)
+    return (weights.lm_head[tokens].float() * x).sum(-1)
+
+
 def top_columns(values: torch.Tensor, k: int, block: int = 64) -> torch.Tensor:
     """Column indices of the ``k`` largest values of each row, largest first: ``topk(k).indices``, but faster.
 
@@ -499,6 +523,16 @@ def top_columns(values: torch.Tensor, k: int, block: int = 64) -> torch.Tensor:
     columns = (blocks[:, :, None] * block + torch.arange(block, device=values.device)).view(rows, -1)
     best = values.gather(1, columns).topk(k, dim=-1).indices
     return columns.gather(1, best)
+
+
+def kv_cache_dtype(weights: DecoderWeights) -> torch.dtype:
+    """The K/V cache precision: fp32 on CPU, the weights' dtype on an accelerator.
+
+    Attention always computes in fp32 on the K/V as stored, in prefill and decode alike. On CPU an fp32 cache is
+    read directly (no per-step conversion) and keeps sampler logprobs closest to the fp32 learner; on a GPU a bf16
+    cache halves the memory that bounds the batch.
+    """
+    return torch.float32 if weights.device.type == "cpu" else weights.dtype
 
 
 @dataclass
@@ -538,6 +572,9 @@ def prefill(
     attn = torch.empty(total, spec.num_heads * spec.head_dim, dtype=torch.float32, device=device)
     for index, layer in enumerate(weights.layers):
         q, k, v = _attention_inputs(weights, layer, h, cos, sin)
+        if cache_dtype != torch.float32:
+            # Attend to the K/V as decode will read them back from the cache: both paths see the same values.
+            k, v = k.to(cache_dtype).float(), v.to(cache_dtype).float()
         for i, (start, end) in enumerate(itertools.pairwise(starts)):
             k_i, v_i = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)  # [nkv, len, hd]
             kv[i][index, 0].copy_(k_i)
@@ -552,6 +589,70 @@ def prefill(
     return PrefillResult(kv=kv, hidden=[h[s:e] for s, e in itertools.pairwise(starts)])
 
 
+@dataclass
+class SharedPrompts:
+    """The prompts' K/V, stored once per prompt and read by every sequence that continues it.
+
+    ``cache`` is ``[layers, 2, prompts, nkv, capacity, hd]``; prompt ``j`` holds ``lengths[j]`` positions; sequence
+    ``i`` of a decode step continues prompt ``of_row[i]`` and keeps only its generated tokens in its own slot.
+    """
+
+    cache: torch.Tensor
+    lengths: torch.Tensor
+    of_row: torch.Tensor
+
+
+@dataclass
+class _PromptGroups:
+    """The decode rows grouped by prompt, padded to the largest group (pads repeat row 0 and are never read)."""
+
+    prompts: torch.Tensor | None
+    """The prompt slots in use this step, or None when every slot of the cache is in use."""
+
+    size: int
+    """Rows per group after padding."""
+
+    padded: torch.Tensor
+    """[groups * size]: the row at each padded position."""
+
+    position: torch.Tensor
+    """[n]: each row's padded position."""
+
+    bias: torch.Tensor
+    """[groups, 1, 1, prompt_len]: 0 at a prompt's positions, -inf past its end."""
+
+    length: int
+    """The longest prompt in use: how many cached positions are read."""
+
+
+def _group_rows(shared: SharedPrompts) -> _PromptGroups:
+    of_row = shared.of_row
+    used, group = torch.unique(of_row, return_inverse=True)  # group: [n], the index of each row's prompt in used
+    count = used.shape[0]
+    order = torch.argsort(group, stable=True)
+    sizes = torch.bincount(group, minlength=count)
+    size = int(sizes.max())
+    starts = torch.cumsum(sizes, 0) - sizes
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.shape[0], device=of_row.device) - starts[group[order]]
+    position = group * size + rank
+    padded = torch.zeros(count * size, dtype=torch.long, device=of_row.device)
+    padded[position] = torch.arange(of_row.shape[0], device=of_row.device)
+    lengths = shared.lengths[used]
+    length = int(lengths.max())
+    past = torch.arange(length, device=of_row.device)[None, :] >= lengths[:, None]
+    bias = torch.zeros(past.shape, dtype=torch.float32, device=of_row.device).masked_fill_(past, -math.inf)
+    all_used = count == shared.cache.shape[2]  # used is sorted: then it is 0..count-1
+    return _PromptGroups(
+        prompts=None if all_used else used,
+        size=size,
+        padded=padded,
+        position=position,
+        bias=bias[:, None, None, :],
+        length=length,
+    )
+
+
 @torch.inference_mode()
 def decode(
     weights: DecoderWeights,
@@ -559,39 +660,101 @@ def decode(
     tokens: torch.Tensor,
     positions: torch.Tensor,
     attend_len: int,
+    shared: SharedPrompts | None = None,
     rope_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One decode step for sequences in cache slots ``0..n-1``; returns final hidden states ``[n, H]``.
 
-    ``cache`` is ``[layers, 2, slots, nkv, capacity, hd]``; sequence ``i`` holds ``positions[i]`` cached tokens and
-    its new K/V are written at ``positions[i]``. Attention reads the first ``attend_len`` cached positions of every
-    slot, masked per sequence. ``rope_positions`` are the rotary positions when they differ from ``positions``
-    (tokens after images in Qwen3-VL).
+    ``cache`` is ``[layers, 2, slots, nkv, capacity, hd]``; sequence ``i`` is at position ``positions[i]`` and its
+    new K/V are written at ``positions[i]`` of its slot, or at ``positions[i] - prompt length`` with ``shared``
+    prompts (the slot then holds only generated tokens). Attention reads the first ``attend_len`` positions of
+    every slot, masked per sequence, and with ``shared`` prompts the sequence's prompt first. ``rope_positions``
+    are the rotary positions when they differ from ``positions`` (tokens after images in Qwen3-VL).
     """
     spec = weights.spec
     n = tokens.shape[0]
-    cos_table, sin_table = weights.rope_tables(attend_len)
     rope = positions if rope_positions is None else rope_positions
+    cos_table, sin_table = weights.rope_tables(int(rope.max()) + 1)
     cos, sin = cos_table[rope], sin_table[rope]
+    local = positions if shared is None else positions - shared.lengths[shared.of_row]
+    groups = None if shared is None else _group_rows(shared)
     _, _, _, heads, capacity, head_dim = cache.shape
     # Row (slot i, head j, position p) of a layer's K (or V) viewed as [slots * heads * capacity, head_dim]:
     # index_copy_ of whole rows is much cheaper than advanced-index assignment into the 4-d view.
     rows = torch.arange(n, device=tokens.device)[:, None] * heads + torch.arange(heads, device=tokens.device)
-    rows = (rows * capacity + positions[:, None]).reshape(-1)
-    mask = torch.arange(attend_len, device=tokens.device)[None, :] <= positions[:, None]
-    mask = mask[:, None, None, :]
+    rows = (rows * capacity + local[:, None]).reshape(-1)
+    # Additive mask [n, 1, 1, attend_len]: 0 where sequence i has a cached position, -inf beyond it.
+    beyond = torch.arange(attend_len, device=tokens.device)[None, :] > local[:, None]
+    bias = torch.zeros(beyond.shape, dtype=torch.float32, device=tokens.device).masked_fill_(beyond, -math.inf)
+    bias = bias[:, None, None, :]
     h = weights.embed[tokens].float()
     for index, layer in enumerate(weights.layers):
         q, k, v = _attention_inputs(weights, layer, h, cos, sin)
         keys, values = cache[index, 0], cache[index, 1]
         keys.view(-1, head_dim).index_copy_(0, rows, k.reshape(-1, head_dim).to(cache.dtype))
         values.view(-1, head_dim).index_copy_(0, rows, v.reshape(-1, head_dim).to(cache.dtype))
-        out = F.scaled_dot_product_attention(
-            q.to(cache.dtype)[:, :, None, :],
-            keys[:n, :, :attend_len],
-            values[:n, :, :attend_len],
-            attn_mask=mask,
-            enable_gqa=True,
-        )
-        h = _finish_layer(layer, h, out.reshape(n, -1).float(), spec.rms_eps)
+        own = (keys[:n, :, :attend_len], values[:n, :, :attend_len], bias)
+        if shared is None or groups is None:
+            out = _decode_attention(q, *own)
+        else:
+            prompt_keys, prompt_values = shared.cache[index, 0], shared.cache[index, 1]
+            if groups.prompts is not None:
+                prompt_keys, prompt_values = prompt_keys[groups.prompts], prompt_values[groups.prompts]
+            prompt = (prompt_keys[:, :, : groups.length], prompt_values[:, :, : groups.length])
+            out = _shared_decode_attention(q, *own, *prompt, groups)
+        h = _finish_layer(layer, h, out, spec.rms_eps)
     return h
+
+
+def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Attention of one query per sequence, all in fp32: ``q [n, nh, hd]``, ``keys``/``values [n, nkv, L, hd]``.
+
+    The same arithmetic as prefill (fp32 scores, softmax and weighted sum over K/V as stored in the cache), as two
+    batched matmuls. SDPA's CPU kernel is built for long queries: with one query row per sequence and a mask it
+    spent 2/3 of a decode step here.
+    """
+    n, num_heads, head_dim = q.shape
+    num_kv = keys.shape[1]
+    grouped = q.view(n, num_kv, num_heads // num_kv, head_dim)  # the query heads sharing each K/V head
+    keys, values = keys.float(), values.float()  # no-op for an fp32 cache
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)).mul_(head_dim**-0.5).add_(bias)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, values).reshape(n, num_heads * head_dim)
+
+
+def _shared_decode_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    bias: torch.Tensor,
+    prompt_keys: torch.Tensor,
+    prompt_values: torch.Tensor,
+    groups: _PromptGroups,
+) -> torch.Tensor:
+    """``_decode_attention`` over each sequence's prompt (``prompt_keys [groups, nkv, P, hd]``) then its own K/V.
+
+    One softmax over both parts; the prompt part is computed per group, all sequences of a prompt against its K/V
+    in one matmul, so a prompt's K/V are stored and read once for all its samples.
+    """
+    n, num_heads, head_dim = q.shape
+    num_kv = keys.shape[1]
+    per_kv = num_heads // num_kv
+    count, size, length = groups.bias.shape[0], groups.size, groups.length
+
+    def to_groups(x: torch.Tensor) -> torch.Tensor:  # [n, nkv, per_kv, X] -> [groups, nkv, size * per_kv, X]
+        x = x[groups.padded].view(count, size, num_kv, per_kv, -1)
+        return x.transpose(1, 2).reshape(count, num_kv, size * per_kv, -1)
+
+    def to_rows(x: torch.Tensor) -> torch.Tensor:  # the inverse of to_groups
+        x = x.view(count, num_kv, size, per_kv, -1).transpose(1, 2).reshape(count * size, num_kv, per_kv, -1)
+        return x[groups.position]
+
+    grouped = q.view(n, num_kv, per_kv, head_dim)
+    scale = head_dim**-0.5
+    prompt_scores = torch.matmul(to_groups(grouped), prompt_keys.float().transpose(-1, -2)).mul_(scale)
+    prompt_scores = to_rows(prompt_scores.add_(groups.bias))
+    own_scores = torch.matmul(grouped, keys.float().transpose(-1, -2)).mul_(scale).add_(bias)
+    probs = torch.softmax(torch.cat([prompt_scores, own_scores], dim=-1), dim=-1)
+    out = torch.matmul(probs[..., length:], values.float())
+    out += to_rows(torch.matmul(to_groups(probs[..., :length]), prompt_values.float()))
+    return out.reshape(n, num_heads * head_dim)

@@ -29,6 +29,7 @@ import torch
 from transformers import PreTrainedModel
 
 from tinker_cookbook.engine import losses, vision
+from tinker_cookbook.engine.device import fast_fp32_matmuls
 from tinker_cookbook.engine.models import ModelSpec
 from tinker_cookbook.engine.optimizer import AdamW, InvalidState, NonFiniteStep
 from tinker_cookbook.tinker import types
@@ -53,9 +54,13 @@ CustomLossFn = Callable[[list[types.Datum], list[torch.Tensor]], tuple[torch.Ten
 class BaseModel:
     """One frozen base model shared by all adapters on it, plus clean references to its weights."""
 
-    def __init__(self, spec: ModelSpec, model: PreTrainedModel) -> None:
+    def __init__(self, spec: ModelSpec, model: PreTrainedModel, compute_dtype: torch.dtype = torch.float32) -> None:
+        """``model``: fp32, on the engine's device. ``compute_dtype`` bf16 runs the frozen base's matmuls in bf16
+        (autocast); LoRA parameters, gradients, the optimizer state and the logits stay fp32 either way."""
         self.spec = spec
         self.config = model.config
+        self.device = next(model.parameters()).device
+        self.compute_dtype = compute_dtype
         text_config = getattr(model.config, "text_config", None) or model.config
         self.vocab_size: int = int(text_config.vocab_size)
         self.is_vision = hasattr(model.config, "vision_config")
@@ -100,6 +105,12 @@ class BaseModel:
     def remove_adapter(self, name: str) -> None:
         if self._peft_model is not None and name in self._peft_model.peft_config:
             self._peft_model.delete_adapter(name)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The precision of the decoder's forward (its backward follows it): bf16 matmuls, or plain fp32."""
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
     def activate(self, name: str) -> Any:
         """Make ``name`` the adapter that forward passes use; returns the wrapped HF causal LM."""
@@ -211,7 +222,11 @@ class TrainingSession:
             shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in inputs.items())
             raise BadRequestError(f"{where} has loss inputs of different shapes (model_input has {n} tokens; {shapes}); "
                                   f"every loss input must have the shape of target_tokens, {list(shape)}")
-        return DatumTensors(torch.tensor(tokens, dtype=torch.int64), inputs, images)
+        device = self.base.device
+        return DatumTensors(
+            torch.tensor(tokens, dtype=torch.int64, device=device), {k: v.to(device) for k, v in inputs.items()},
+            images,
+        )
 
     def _loss_input(self, where: str, key: str, td: Any, n: int) -> torch.Tensor:
         """One loss input as a checked tensor of shape ``[n]`` (or ``[n, k]``: k candidate tokens per position)."""
@@ -263,16 +278,18 @@ class TrainingSession:
         """
         grad = token_losses is not None
         width = max(len(item.input_ids) for item in items)
-        ids = torch.zeros(len(items), width, dtype=torch.long)
+        ids = torch.zeros(len(items), width, dtype=torch.long, device=self.base.device)
         for row, item in enumerate(items):
             ids[row, : len(item.input_ids)] = item.input_ids
         images = [image for item in items for image in item.images]
-        with torch.set_grad_enabled(grad):
+        with torch.set_grad_enabled(grad), self.base.autocast():
             if images:
                 hidden = vision.language_hidden(model, ids, images)
             else:
                 hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
-        leaf = hidden.detach().requires_grad_(grad and hidden.requires_grad)
+        # The unembedding and log-softmax run in fp32 outside autocast: logprobs are what the losses and RL's
+        # importance ratios compare, so they get full precision whatever the decoder's.
+        leaf = hidden.detach().float().requires_grad_(grad and hidden.requires_grad)
         head = model.get_output_embeddings()
         logps, totals = [], []
         for row, item in enumerate(items):
@@ -290,7 +307,7 @@ class TrainingSession:
             logps.append(torch.cat(pieces))
             totals.append(total)
         if grad and leaf.grad is not None:
-            hidden.backward(leaf.grad)
+            hidden.backward(leaf.grad.to(hidden.dtype))
         return logps, totals
 
     def _run_batch(self, model: Any, batch: list[DatumTensors], token_losses: list[TokenLoss] | None
@@ -300,7 +317,8 @@ class TrainingSession:
         totals = [0.0] * len(batch)
         for group in _length_groups([len(item.input_ids) for item in batch]):
             group_losses = [token_losses[i] for i in group] if token_losses is not None else None
-            group_logps, group_totals = self._run_group(model, [batch[i] for i in group], group_losses)
+            with fast_fp32_matmuls(self.base.device):
+                group_logps, group_totals = self._run_group(model, [batch[i] for i in group], group_losses)
             for i, logp, total in zip(group, group_logps, group_totals, strict=True):
                 logps[i], totals[i] = logp, total
         return logps, totals
@@ -344,9 +362,11 @@ class TrainingSession:
         batch = self._validate(data, ("target_tokens",))
         model = self.base.activate(self.run_id)
         logps, _ = self._run_batch(model, batch, None)
+        # The user's function sees CPU tensors whatever the engine's device (it may mix in its own tensors).
+        logps = [lp.cpu() for lp in logps]
         loss, metrics, weights = _run_custom_loss(loss_fn, list(data), logps)
         with self._all_or_nothing():
-            self._run_batch(model, batch, [_surrogate(g) for g in weights])
+            self._run_batch(model, batch, [_surrogate(g.to(self.base.device)) for g in weights])
             self._check_grads_finite("forward_backward_custom")
         self.pending_backward += 1
         outputs = [{"logprobs": types.TensorData.from_torch(lp.float())} for lp in logps]
@@ -401,14 +421,15 @@ class TrainingSession:
     # -- checkpoints ------------------------------------------------------------------------------------
 
     def write_adapter(self, directory: Path) -> None:
-        safetensors.torch.save_file(self.base.adapter_state(self.run_id), str(directory / ADAPTER_WEIGHTS_FILE),
-                                    metadata={"format": "pt"})
+        state = {k: v.cpu() for k, v in self.base.adapter_state(self.run_id).items()}
+        safetensors.torch.save_file(state, str(directory / ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
         config = self.base.adapter_config_dict(self.run_id)
         (directory / ADAPTER_CONFIG_FILE).write_text(json.dumps(config, indent=2))
 
     def write_state(self, directory: Path) -> None:
         self.write_adapter(directory)
-        safetensors.torch.save_file(self.optimizer.state_tensors(), str(directory / OPTIMIZER_FILE))
+        optimizer = {k: v.cpu() for k, v in self.optimizer.state_tensors().items()}
+        safetensors.torch.save_file(optimizer, str(directory / OPTIMIZER_FILE))
 
     def load_state(self, directory: Path, with_optimizer: bool, source: str) -> None:
         """Adopt a ``weights/`` checkpoint (``source``: its tinker:// path, for messages).

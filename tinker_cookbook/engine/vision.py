@@ -238,6 +238,7 @@ def language_hidden(model: Any, ids: torch.Tensor, images: Sequence[PreparedImag
     """
     inner = model.model
     pixel_values, grid = image_batch(images)
+    pixel_values, grid = pixel_values.to(ids.device), grid.to(ids.device)  # the images are prepared on the CPU
     mm_types = (ids == inner.config.image_token_id).to(torch.int32)
     positions, _ = inner.get_rope_index(ids, mm_token_type_ids=mm_types, image_grid_thw=grid)
     out = inner(input_ids=ids, pixel_values=pixel_values, image_grid_thw=grid, position_ids=positions,

@@ -427,6 +427,10 @@ async def _run_iteration(ctx: RunContext, i: int, sampling_client: tinker.Sampli
     ctx.log_transcript(i, rollout.groups_P, rollout.builders_P)
     next_client, checkpoint = await ctx.next_sampler(i, metrics)
     metrics["time/total"] = time.perf_counter() - start
+    # The iteration split three ways: sampling (time/rollout), training (time/train; with streaming minibatches
+    # the two overlap in time/rollout_and_train) and everything else (evals, logging, the next sampler snapshot:
+    # time/save).
+    metrics["time/other"] = metrics["time/total"] - metrics["time/rollout_and_train"]
     await ctx.log_row(i, metrics, checkpoint)
     return next_client
 
