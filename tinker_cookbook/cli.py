@@ -298,10 +298,10 @@ API_KEY_ENV = "TINKER_COOKBOOK_API_KEY"
 
 def serve(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
     # Imported here: the server pulls in FastAPI and uvicorn, which the other commands do not need.
+    from tinker_cookbook.backends import local_backend
     from tinker_cookbook.server import ServerLimits, generate_api_key
     from tinker_cookbook.server import serve as run_server
     from tinker_cookbook.server.app import check_bind
-    from tinker_cookbook.backends import local_backend
 
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if args.generate_api_key:

@@ -11,9 +11,9 @@ import openai
 import pytest
 
 from tinker_cookbook import renderers, tinker
+from tinker_cookbook.backends import local_backend
 from tinker_cookbook.server import BackgroundServer, create_app
 from tinker_cookbook.tinker import types
-from tinker_cookbook.backends import local_backend
 
 MODEL = "tinker-cookbook/tiny-smollm2"  # chatml renderer (stop token <|im_end|>), 49k vocabulary
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]

@@ -17,9 +17,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tinker_cookbook import cli
+from tinker_cookbook.backends import local_backend
 from tinker_cookbook.exceptions import ConfigurationError
 from tinker_cookbook.server import BackgroundServer, ServerLimits, create_app, is_loopback
-from tinker_cookbook.backends import local_backend
 
 MODEL = "tinker-cookbook/tiny-smollm2"
 KEY = "tml-0123456789abcdef0123"
