@@ -80,7 +80,7 @@ def _renderer(model_name: str, renderer_name: str) -> Renderer:
     from tinker_cookbook import renderers
     from tinker_cookbook.tokenizer_utils import get_tokenizer
 
-    return renderers.get_renderer(renderer_name, get_tokenizer(model_name))
+    return renderers.get_renderer(renderer_name, get_tokenizer(model_name), model_name=model_name)
 
 
 @chz.chz
