@@ -39,13 +39,30 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from tinker_cookbook.server import tinker_proto
+from tinker_cookbook.server.tinker_bodies import (  # the protocol's request schemas
+    ClientConfigBody,
+    CreateModelBody,
+    CreateSamplingSessionBody,
+    CreateSessionBody,
+    GetInfoBody,
+    JoinSamplingSessionBody,
+    LoadWeightsBody,
+    OptimStepBody,
+    RetrieveFutureBody,
+    SampleBody,
+    SaveWeightsBody,
+    SaveWeightsForSamplerBody,
+    SessionHeartbeatBody,
+    TtlBody,
+    WeightsInfoBody,
+)
 from tinker_cookbook.tinker import errors, types
 from tinker_cookbook.tinker._backend import Backend
 
@@ -83,136 +100,6 @@ CLIENT_CONFIG = {
     "sample_no_retries": False,
 }
 DYNAMIC_CLIENT_CONFIG = {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
-
-
-# -- request bodies (strict: an unknown field is a 400 naming it) ---------------------------------------------
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-
-class _OptimizerConfig(_Body):
-    type: Literal["adamw"] = "adamw"
-
-
-class CreateSessionBody(_Body):
-    tags: list[str] = []
-    user_metadata: dict[str, Any] | None = None
-    sdk_version: str | None = None
-    project_id: str | None = None
-    display_name: str | None = None
-    type: Literal["create_session"] = "create_session"
-
-
-class SessionHeartbeatBody(_Body):
-    session_id: str
-    type: Literal["session_heartbeat"] = "session_heartbeat"
-
-
-class ClientConfigBody(_Body):
-    sdk_version: str | None = None
-
-
-class CreateModelBody(_Body):
-    session_id: str
-    model_seq_id: int
-    base_model: str
-    user_metadata: dict[str, Any] | None = None
-    lora_config: types.LoraConfig | None = None
-    optimizer_config: _OptimizerConfig = _OptimizerConfig()
-    type: Literal["create_model"] = "create_model"
-
-
-class GetInfoBody(_Body):
-    model_id: str
-    type: Literal["get_info"] = "get_info"
-
-
-class OptimStepBody(_Body):
-    model_id: str
-    adam_params: types.AdamParams
-    seq_id: int | None = None
-    type: Literal["optim_step"] = "optim_step"
-
-
-class SaveWeightsBody(_Body):
-    model_id: str
-    path: str | None = None
-    seq_id: int | None = None
-    ttl_seconds: int | None = None
-    overwrite: bool = False
-    user_metadata: dict[str, str] | None = None
-    type: Literal["save_weights"] = "save_weights"
-
-
-class SaveWeightsForSamplerBody(_Body):
-    model_id: str
-    path: str | None = None
-    sampling_session_seq_id: int | None = None
-    kind: Literal["snapshot"] = "snapshot"
-    seq_id: int | None = None
-    ttl_seconds: int | None = None
-    user_metadata: dict[str, str] | None = None
-    type: Literal["save_weights_for_sampler"] = "save_weights_for_sampler"
-
-
-class LoadWeightsBody(_Body):
-    path: str
-    optimizer: bool
-    model_id: str | None = None
-    seq_id: int | None = None
-    session_id: str | None = None
-    model_seq_id: int | None = None
-    base_model: str | None = None
-    user_metadata: dict[str, Any] | None = None
-    optimizer_config: _OptimizerConfig | None = None
-    weights_access_token: str | None = None
-    type: Literal["load_weights"] = "load_weights"
-
-
-class CreateSamplingSessionBody(_Body):
-    session_id: str
-    sampling_session_seq_id: int
-    base_model: str | None = None
-    model_path: str | None = None
-    type: Literal["create_sampling_session"] = "create_sampling_session"
-
-
-class JoinSamplingSessionBody(_Body):
-    sampling_session_id: str
-    type: Literal["join_sampling_session"] = "join_sampling_session"
-
-
-class SampleBody(_Body):
-    prompt: types.ModelInput
-    sampling_params: types.SamplingParams
-    num_samples: int = 1
-    base_model: str | None = None
-    model_path: str | None = None
-    sampling_session_id: str | None = None
-    seq_id: int | None = None
-    prompt_logprobs: bool | None = None
-    topk_prompt_logprobs: int = 0
-    # Accepted only at their "off" values: this server does not implement them (checked in the route).
-    topk_sample_logprobs: int = 0
-    target_prompt_logprobs: Any = None
-    prompt_alt_tokens_k: int = 0
-    prompt_logprobs_last_n: int | None = None
-    record_stability_info: bool | None = None
-    type: Literal["sample"] = "sample"
-
-
-class RetrieveFutureBody(_Body):
-    request_id: str
-    allow_metadata_only: bool = False
-
-
-class WeightsInfoBody(_Body):
-    tinker_path: str
-
-
-class TtlBody(_Body):
-    ttl_seconds: int | None = None
 
 
 # -- state ------------------------------------------------------------------------------------------------------
