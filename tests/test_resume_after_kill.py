@@ -15,11 +15,11 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kill_helpers import Killed, die_after_step, restore_logging  # noqa: F401 (fixture)
 
 from tinker_cookbook import checkpoint_utils
 from tinker_cookbook.exceptions import ConfigurationError
@@ -35,39 +35,8 @@ KILL_AFTER = 2
 REPO = Path(__file__).resolve().parents[1]
 
 
-class Killed(Exception):
-    """Stands for the process dying."""
-
-
-class _DieAfterStep(ml_log.Logger):
-    """A metrics sink placed after the real ones: once row ``step`` is written, the process 'dies'."""
-
-    def __init__(self, step: int, sigkill: bool) -> None:
-        self.step, self.sigkill = step, sigkill
-
-    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        if step == self.step:
-            if self.sigkill:
-                os.kill(os.getpid(), signal.SIGKILL)
-            raise Killed(f"killed after logging step {step}")
-
-
-def die_after_step(step: int, sigkill: bool = False) -> None:
-    """Make the next loop that sets up logging die right after logging ``step`` (undo with ``restore_logging``)."""
-    real = ml_log.setup_logging
-
-    def setup(*args: Any, **kwargs: Any) -> ml_log.Logger:
-        ml_log.setup_logging = real  # one run only: the resumed run logs normally
-        return ml_log.MultiplexLogger([real(*args, **kwargs), _DieAfterStep(step, sigkill)])
-
-    ml_log.setup_logging = setup
-
-
-@pytest.fixture(autouse=True)
-def restore_logging():
-    real = ml_log.setup_logging
-    yield
-    ml_log.setup_logging = real
+# Every test here may leave the logging patched (a killed run never restores it): undo it after each.
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 def _steps(log_path: Path) -> list[int]:

@@ -7,11 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
+from kill_helpers import Killed, die_after_step, restore_logging  # noqa: F401 (fixture)
 from pref_helpers import TINY_MODEL
 
 from recipes.preference.rlhf import rlhf_pipeline
@@ -85,42 +84,13 @@ def test_hub_data_offline_is_one_error_line(tmp_path):
 # -- killed in a stage ----------------------------------------------------------------------------------------
 
 
-class Killed(Exception):
-    """Stands for the process dying."""
-
-
-class _DieAfterStep(ml_log.Logger):
-    def __init__(self, step: int, sigkill: bool) -> None:
-        self.step, self.sigkill = step, sigkill
-
-    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        if step == self.step:
-            if self.sigkill:
-                os.kill(os.getpid(), signal.SIGKILL)
-            raise Killed(f"killed after logging step {step}")
-
-
 def die_in_stage(stage: int, step: int, sigkill: bool = False) -> None:
-    """Make the ``stage``-th loop that sets up logging (0 = SFT) die right after it logged ``step``."""
-    real = ml_log.setup_logging
-    calls = [0]
-
-    def setup(*args: Any, **kwargs: Any) -> ml_log.Logger:
-        logger = real(*args, **kwargs)
-        calls[0] += 1
-        if calls[0] <= stage:
-            return logger
-        ml_log.setup_logging = real  # once only: the re-run logs normally
-        return ml_log.MultiplexLogger([logger, _DieAfterStep(step, sigkill)])
-
-    ml_log.setup_logging = setup
+    """Make the ``stage``-th loop of the pipeline (0 = SFT) die right after it logged ``step``."""
+    die_after_step(step, sigkill, skip_loops=stage)
 
 
-@pytest.fixture(autouse=True)
-def restore_logging():
-    real = ml_log.setup_logging
-    yield
-    ml_log.setup_logging = real
+# Every test here may leave the logging patched (a killed run never restores it): undo it after each.
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 KILL_ARGS = (f"model_name={TINY_MODEL}", "sft.max_steps=2", "rm.max_steps=4", "rl.max_steps=3", "rm.save_every=2",
@@ -150,7 +120,7 @@ def test_killed_in_the_preference_model_stage_a_rerun_continues_there(tmp_path):
 
 _SIGKILL_CHILD = """
 import sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {tests_root!r}]
 import test_rlhf_pipeline as t
 t.die_in_stage(2, step=2, sigkill=True)
 t._pipeline(t.Path({log!r}))
@@ -159,7 +129,7 @@ t._pipeline(t.Path({log!r}))
 
 def test_sigkilled_in_the_rl_stage_a_rerun_continues_there(tmp_path):
     log = tmp_path / "rlhf"
-    code = _SIGKILL_CHILD.format(tests=str(REPO / "tests" / "preference"), log=str(log))
+    code = _SIGKILL_CHILD.format(tests=str(REPO / "tests" / "preference"), tests_root=str(REPO / "tests"), log=str(log))
     child = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=900,
                            env={**os.environ, "TINKER_COOKBOOK_NO_REEXEC": "1"}, check=False)
     assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
