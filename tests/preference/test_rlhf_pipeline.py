@@ -98,8 +98,9 @@ KILL_ARGS = (f"model_name={TINY_MODEL}", "sft.max_steps=2", "rm.max_steps=4", "r
              "rl.eval_every=0")
 
 
-def _pipeline(log: Path) -> None:
-    run_recipe(rlhf_pipeline.main, rlhf_pipeline.defaults, [rlhf_pipeline.DATASET], argv=[*KILL_ARGS, f"log_path={log}"])
+def _pipeline(log: Path, *extra: str) -> None:
+    run_recipe(rlhf_pipeline.main, rlhf_pipeline.defaults, [rlhf_pipeline.DATASET],
+               argv=[*KILL_ARGS, *extra, f"log_path={log}"])
 
 
 def test_killed_in_the_preference_model_stage_a_rerun_continues_there(tmp_path):
@@ -142,3 +143,17 @@ def test_sigkilled_in_the_rl_stage_a_rerun_continues_there(tmp_path):
     assert {s: (log / s / "metrics.jsonl").read_text() for s in ("sft", "rm")} == done
     assert _steps(log / "rl") == [0, 1, 2]  # iteration 2 again, from the checkpoint, logged once
     assert [r["name"] for r in checkpoint_utils.load_checkpoints_file(log / "rl")] == ["000002", "final"]
+
+
+def test_killed_in_the_sft_stage_a_rerun_continues_there(tmp_path):
+    log = tmp_path / "rlhf"
+    die_in_stage(0, step=1)  # the SFT policy, after logging step 1 (before any checkpoint of its own)
+    with pytest.raises(Killed):
+        _pipeline(log, "sft.save_every=1")
+    assert _steps(log / "sft") == [0, 1] and checkpoint_utils.get_last_checkpoint(log / "sft")["step"] == 1
+    assert not (log / "rm").exists()
+
+    _pipeline(log, "sft.save_every=1")
+    assert _steps(log / "sft") == [0, 1]  # step 1 again from its checkpoint, logged once
+    assert [r["name"] for r in checkpoint_utils.load_checkpoints_file(log / "sft")] == ["000001", "000002"]
+    assert _steps(log / "rm") == [0, 1, 2, 3] and _steps(log / "rl") == [0, 1, 2]
