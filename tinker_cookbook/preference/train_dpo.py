@@ -48,8 +48,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tinker_cookbook import checkpoint_utils, cli_utils, tinker
-from tinker_cookbook.eval.evaluators import EvaluatorBuilder, SamplingClientEvaluator
+from tinker_cookbook import checkpoint_utils, tinker
+from tinker_cookbook.eval.evaluators import SamplingClientEvaluator
 from tinker_cookbook.exceptions import ConfigurationError, TrainingError
 from tinker_cookbook.preference.preference_datasets import DPODatasetBuilder
 from tinker_cookbook.supervised import train as sl_train
@@ -57,7 +57,7 @@ from tinker_cookbook.supervised.types import SupervisedDataset
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.training_client import CustomLossFn
 from tinker_cookbook.utils import ml_log
-from tinker_cookbook.utils.lr_scheduling import LR_SCHEDULES, LRSchedule, compute_schedule_lr_multiplier
+from tinker_cookbook.utils.lr_scheduling import compute_schedule_lr_multiplier
 from tinker_cookbook.utils.misc_utils import timed
 
 logger = logging.getLogger(__name__)
@@ -66,71 +66,22 @@ DPO_METRICS = ("dpo_loss", "accuracy", "margin", "chosen_reward", "rejected_rewa
 
 
 @chz.chz
-class Config:
-    """DPO training of a LoRA adapter; the field names follow the supervised loop's ``Config``."""
+class Config(sl_train.RunConfig):
+    """DPO training of a LoRA adapter: the supervised loop's run settings (``sl_train.RunConfig``) plus these."""
 
-    log_path: str
-    model_name: str
     dataset_builder: DPODatasetBuilder
-    recipe_name: str | None = None
+    """Builds the train (and optional test) comparison pairs."""
     load_checkpoint_path: str | None = None
     """Start from these weights (a ``tinker://.../weights/...`` path); they are also the reference model."""
-    renderer_name: str | None = None
-    """None: the dataset builder's renderer. Recorded in the run's metadata."""
-
-    dpo_beta: float = 0.1
     learning_rate: float = 1e-5
-    lr_schedule: LRSchedule = "linear"
-    lr_warmup_steps: int = 0
-    num_epochs: int = 1
-    max_steps: int | None = None
-    lora_rank: int = 32
-    seed: int = 0
-    """Seed of the LoRA initialisation."""
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    adam_eps: float = 1e-8
-    weight_decay: float = 0.0
-    grad_clip_norm: float = 0.0
-
-    evaluator_builders: list[EvaluatorBuilder] = chz.field(default_factory=list)
-    eval_every: int = 10
-    save_every: int = 20
-    ttl_seconds: int | None = None
-    """Expiry of periodic checkpoints (None: kept); the final checkpoint never expires."""
-
-    base_url: str | None = None
-    """The service to train on: None, the in-process engine; an http(s) URL, a Tinker-protocol server (such as
-    `tinker-cookbook serve`) through the official SDK (`pip install tinker_cookbook[remote]`; key: $TINKER_API_KEY)."""
-    wandb_project: str | None = None
-    wandb_name: str | None = None
-    behavior_if_log_dir_exists: cli_utils.LogdirBehavior = "ask"
+    """Peak learning rate of AdamW (the default is smaller than the supervised loop's; recipes set their own)."""
+    dpo_beta: float = 0.1
+    """beta of the DPO loss: how far the policy may move from the reference for a given preference margin."""
 
     @chz.validate
     def _check(self) -> None:
-        checks = [
-            (math.isfinite(self.dpo_beta) and self.dpo_beta > 0,
-             f"dpo_beta={self.dpo_beta} must be a positive finite number, such as 0.1"),
-            (math.isfinite(self.learning_rate) and self.learning_rate > 0,
-             f"learning_rate={self.learning_rate} must be a positive finite number"),
-            (self.lr_schedule in LR_SCHEDULES, f"lr_schedule={self.lr_schedule!r} must be one of {list(LR_SCHEDULES)}"),
-            (self.num_epochs >= 1, f"num_epochs={self.num_epochs} must be at least 1"),
-            (self.max_steps is None or self.max_steps >= 1, f"max_steps={self.max_steps} must be >= 1 (or None)"),
-            (self.lora_rank >= 1, f"lora_rank={self.lora_rank} must be at least 1"),
-            (min(self.eval_every, self.save_every, self.lr_warmup_steps) >= 0,
-             "eval_every, save_every and lr_warmup_steps must be >= 0 (0 disables)"),
-            (self.behavior_if_log_dir_exists in cli_utils.LOGDIR_BEHAVIORS,
-             (f"behavior_if_log_dir_exists={self.behavior_if_log_dir_exists!r} must be one of "
-              f"{list(cli_utils.LOGDIR_BEHAVIORS)}")),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The loss
-# ---------------------------------------------------------------------------------------------------------
+        if not (math.isfinite(self.dpo_beta) and self.dpo_beta > 0):
+            raise ValueError(f"dpo_beta={self.dpo_beta} must be a positive finite number, such as 0.1")
 
 
 def dpo_loss(

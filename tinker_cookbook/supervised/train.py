@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,15 +56,17 @@ logger = logging.getLogger(__name__)
 
 
 @chz.chz
-class Config:
-    """Supervised fine-tuning of a LoRA adapter."""
+class RunConfig:
+    """The settings every loop that trains one LoRA adapter on batches of data shares (supervised, DPO).
+
+    A loop's ``Config`` subclasses it and adds its dataset builder and its own knobs, so each of these fields has
+    one definition, one docstring and one check.
+    """
 
     log_path: str
     """Where the run writes metrics.jsonl, checkpoints.jsonl, config.json and logs.log."""
     model_name: str
     """The base model the LoRA adapter is trained on."""
-    dataset_builder: SupervisedDatasetBuilder
-    """Builds the train (and optional test) dataset."""
     recipe_name: str | None = None
     """Recorded in config.json: which recipe started the run."""
     load_checkpoint_path: str | None = None
@@ -97,13 +100,9 @@ class Config:
     """Clip the gradient to this global norm (0: no clipping)."""
 
     evaluator_builders: list[EvaluatorBuilder] = chz.field(default_factory=list)
-    """Evaluators run every ``eval_every`` steps (the test set's NLL is always one when there is a test set)."""
-    infrequent_evaluator_builders: list[EvaluatorBuilder] = chz.field(default_factory=list)
-    """Evaluators run every ``infrequent_eval_every`` steps."""
+    """Evaluators run every ``eval_every`` steps."""
     eval_every: int = 10
     """Steps between evaluations (0: never)."""
-    infrequent_eval_every: int = 100
-    """Steps between infrequent evaluations (0: never)."""
     save_every: int = 20
     """Steps between checkpoints (0: only at the end); a rerun resumes from the last one."""
     ttl_seconds: int | None = None
@@ -118,19 +117,18 @@ class Config:
     """The wandb run name."""
     behavior_if_log_dir_exists: cli_utils.LogdirBehavior = "ask"
     """When log_path holds a run: resume it, delete it, raise, or ask (raise when stdin is not a terminal)."""
-    num_examples_to_show: int = 1
-    """Training datums printed at the start, trained tokens highlighted."""
 
     @chz.validate
-    def _check(self) -> None:
+    def _check_run(self) -> None:
         checks = [
-            (self.learning_rate > 0, f"learning_rate={self.learning_rate} must be positive"),
+            (math.isfinite(self.learning_rate) and self.learning_rate > 0,
+             f"learning_rate={self.learning_rate} must be a positive finite number, such as 1e-4"),
             (self.lr_schedule in LR_SCHEDULES, f"lr_schedule={self.lr_schedule!r} must be one of {list(LR_SCHEDULES)}"),
             (self.num_epochs >= 1, f"num_epochs={self.num_epochs} must be at least 1"),
             (self.max_steps is None or self.max_steps >= 1, f"max_steps={self.max_steps} must be >= 1 (or None)"),
             (self.lora_rank >= 1, f"lora_rank={self.lora_rank} must be at least 1"),
-            (min(self.eval_every, self.infrequent_eval_every, self.save_every, self.lr_warmup_steps) >= 0,
-             "eval_every, infrequent_eval_every, save_every and lr_warmup_steps must be >= 0 (0 disables)"),
+            (min(self.eval_every, self.save_every, self.lr_warmup_steps) >= 0,
+             "eval_every, save_every and lr_warmup_steps must be >= 0 (0 disables)"),
             (self.behavior_if_log_dir_exists in cli_utils.LOGDIR_BEHAVIORS,
              (f"behavior_if_log_dir_exists={self.behavior_if_log_dir_exists!r} must be one of "
               f"{list(cli_utils.LOGDIR_BEHAVIORS)}")),
@@ -138,6 +136,27 @@ class Config:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+
+
+@chz.chz
+class Config(RunConfig):
+    """Supervised fine-tuning of a LoRA adapter."""
+
+    dataset_builder: SupervisedDatasetBuilder
+    """Builds the train (and optional test) dataset."""
+    evaluator_builders: list[EvaluatorBuilder] = chz.field(default_factory=list)
+    """Evaluators run every ``eval_every`` steps (the test set's NLL is always one when there is a test set)."""
+    infrequent_evaluator_builders: list[EvaluatorBuilder] = chz.field(default_factory=list)
+    """Evaluators run every ``infrequent_eval_every`` steps."""
+    infrequent_eval_every: int = 100
+    """Steps between infrequent evaluations (0: never)."""
+    num_examples_to_show: int = 1
+    """Training datums printed at the start, trained tokens highlighted."""
+
+    @chz.validate
+    def _check(self) -> None:
+        if self.infrequent_eval_every < 0:
+            raise ValueError(f"infrequent_eval_every={self.infrequent_eval_every} must be >= 0 (0 disables)")
 
 
 # ---------------------------------------------------------------------------------------------------------
