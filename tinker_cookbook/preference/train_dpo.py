@@ -48,7 +48,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tinker_cookbook import checkpoint_utils, tinker
+from tinker_cookbook import checkpoint_utils, cli_utils, tinker
 from tinker_cookbook.eval.evaluators import SamplingClientEvaluator
 from tinker_cookbook.exceptions import ConfigurationError, TrainingError
 from tinker_cookbook.preference.preference_datasets import DPODatasetBuilder
@@ -395,4 +395,4 @@ def cli_main(config: Config) -> None:
 
 
 if __name__ == "__main__":
-    chz.nested_entrypoint(cli_main)
+    cli_utils.run_recipe(cli_main)
