@@ -65,6 +65,7 @@ from tinker_cookbook.server.tinker_bodies import (  # the protocol's request sch
 )
 from tinker_cookbook.tinker import errors, types
 from tinker_cookbook.tinker._backend import Backend
+from tinker_cookbook.tinker.futures import then
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -440,7 +441,7 @@ def build_router(backend: Backend) -> APIRouter:  # noqa: C901 - one closure per
         body = await _parse(request, SaveWeightsBody)
         name = _checkpoint_name(body.path)
         future = backend.save(state.run_id(body.model_id), "weights", name, body.ttl_seconds, body.overwrite)
-        return state.track(_then(future, lambda path: types.SaveWeightsResponse(path=path, type="save_weights")),
+        return state.track(then(future, lambda path: types.SaveWeightsResponse(path=path, type="save_weights")),
                            _json, body.model_id)
 
     @route("POST", "/save_weights_for_sampler")
@@ -449,14 +450,14 @@ def build_router(backend: Backend) -> APIRouter:  # noqa: C901 - one closure per
         run_id = state.run_id(body.model_id)
         if body.path is not None:
             future = backend.save(run_id, "sampler_weights", _checkpoint_name(body.path), body.ttl_seconds, True)
-            return state.track(_then(future, lambda path: {"path": path, "type": "save_weights_for_sampler"}),
+            return state.track(then(future, lambda path: {"path": path, "type": "save_weights_for_sampler"}),
                                JSONResponse, body.model_id)
         # No name: an unnamed snapshot that only a sampling client can use (save_weights_and_get_sampling_client).
         snapshot = backend.snapshot(run_id, None)
         with state.lock:
             session_id = state.model_sessions.get(body.model_id, "")
         return state.track(
-            _then(snapshot, lambda handle: {"sampling_session_id": state.add_sampler(handle, session_id),
+            then(snapshot, lambda handle: {"sampling_session_id": state.add_sampler(handle, session_id),
                                             "type": "save_weights_for_sampler"}),
             JSONResponse, body.model_id)
 
@@ -599,23 +600,6 @@ def build_router(backend: Backend) -> APIRouter:  # noqa: C901 - one closure per
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------
-
-def _then(future: concurrent.futures.Future[T], fn: Callable[[T], Any]) -> concurrent.futures.Future[Any]:
-    out: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-    def copy(src: concurrent.futures.Future[T]) -> None:
-        error = src.exception()
-        if error is not None:
-            out.set_exception(error)
-            return
-        try:
-            out.set_result(fn(src.result()))
-        except Exception as exc:  # noqa: BLE001 - belongs to whoever retrieves the future
-            out.set_exception(exc)
-
-    future.add_done_callback(copy)
-    return out
-
 
 def _metadata(session: dict[str, str] | None, request: dict[str, Any] | None) -> dict[str, str] | None:
     merged = {**(session or {}), **{str(k): str(v) for k, v in (request or {}).items()}}

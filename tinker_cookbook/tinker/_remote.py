@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 
 from tinker_cookbook.tinker import errors, types
 from tinker_cookbook.tinker._backend import CheckpointKind, CustomLossFn
+from tinker_cookbook.tinker.futures import then
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -118,26 +119,7 @@ def call(fn: Callable[[], T]) -> T:
 
 def adapt(future: concurrent.futures.Future[T], convert: Callable[[T], U]) -> concurrent.futures.Future[U]:
     """A future of ``convert(result)`` with the SDK's errors translated."""
-    out: concurrent.futures.Future[U] = concurrent.futures.Future()
-
-    def copy(src: concurrent.futures.Future[T]) -> None:
-        if src.cancelled():
-            out.set_exception(errors.RequestFailedError("the request was cancelled"))
-            return
-        error = src.exception()
-        if error is not None:
-            translated = translate_error(error)
-            if translated is not error:
-                translated.__cause__ = error
-            out.set_exception(translated)
-            return
-        try:
-            out.set_result(convert(src.result()))
-        except Exception as exc:  # noqa: BLE001 - a conversion failure belongs to the caller's future
-            out.set_exception(exc)
-
-    future.add_done_callback(copy)
-    return out
+    return then(future, convert, translate_error)
 
 
 def _sdk_future(value: Any) -> concurrent.futures.Future[Any]:

@@ -13,10 +13,47 @@ import concurrent.futures
 from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
 
-from tinker_cookbook.tinker.errors import APITimeoutError
+from tinker_cookbook.tinker.errors import APITimeoutError, RequestFailedError
 
 T = TypeVar("T")
 U = TypeVar("U")
+
+
+def _same(exc: BaseException) -> BaseException:
+    return exc
+
+
+def then(
+    future: concurrent.futures.Future[T],
+    fn: Callable[[T], U],
+    translate: Callable[[BaseException], BaseException] = _same,
+) -> concurrent.futures.Future[U]:
+    """A future of ``fn(result)``: the one way results are converted on their way to a caller.
+
+    A failure passes through ``translate`` (chained to the original when it is replaced); a cancelled source fails
+    with ``RequestFailedError`` instead of leaving the new future pending forever; an exception of ``fn`` belongs
+    to the new future.
+    """
+    out: concurrent.futures.Future[U] = concurrent.futures.Future()
+
+    def copy(src: concurrent.futures.Future[T]) -> None:
+        if src.cancelled():
+            out.set_exception(RequestFailedError("the request was cancelled"))
+            return
+        error = src.exception()
+        if error is not None:
+            translated = translate(error)
+            if translated is not error and translated.__cause__ is None:
+                translated.__cause__ = error
+            out.set_exception(translated)
+            return
+        try:
+            out.set_result(fn(src.result()))
+        except BaseException as exc:  # noqa: BLE001 - any failure of fn belongs to the caller's future
+            out.set_exception(exc)
+
+    future.add_done_callback(copy)
+    return out
 
 
 class APIFuture(Generic[T]):
@@ -56,20 +93,7 @@ class APIFuture(Generic[T]):
 
     def map(self, fn: Callable[[T], U]) -> APIFuture[U]:
         """A future of ``fn(result)``; errors pass through."""
-        out: concurrent.futures.Future[U] = concurrent.futures.Future()
-
-        def _copy(src: concurrent.futures.Future[T]) -> None:
-            error = src.exception()
-            if error is not None:
-                out.set_exception(error)
-                return
-            try:
-                out.set_result(fn(src.result()))
-            except BaseException as exc:  # noqa: BLE001 - any failure of fn belongs to the caller's future
-                out.set_exception(exc)
-
-        self._future.add_done_callback(_copy)
-        return APIFuture(out)
+        return APIFuture(then(self._future, fn))
 
     def __await__(self) -> Generator[Any, None, T]:
         return self.result_async().__await__()
