@@ -15,7 +15,7 @@ from server_utils import serve
 from tinker.proto import request_conv, response_conv
 from tinker.types import ForwardBackwardInput, ForwardBackwardRequest
 
-from tinker_cookbook.server import tinker_api, tinker_proto
+from tinker_cookbook.server import tinker_api, tinker_proto, tinker_sessions
 from tinker_cookbook.tinker import types
 
 MODEL = "tinker-cookbook/tiny-smollm2"
@@ -193,7 +193,7 @@ def test_a_session_without_heartbeats_is_closed_and_frees_its_adapters(monkeypat
         model_id = wait_result(url, answer.json()["request_id"])["model_id"]
         assert post(url, "session_heartbeat", json={"session_id": session_id}).status_code == 200
 
-        monkeypatch.setattr(tinker_api, "SESSION_TIMEOUT_S", -1.0)  # every session is now overdue
+        monkeypatch.setattr(tinker_sessions, "SESSION_TIMEOUT_S", -1.0)  # every session is now overdue
         post(url, "create_session", json={"tags": [], "sdk_version": "test"})  # any new session sweeps
         backend.submit(lambda: None).result()  # the engine thread is FIFO: the queued release has run
         assert model_id not in backend._sessions  # white-box: the adapter and its Adam state are gone
@@ -206,7 +206,7 @@ def test_a_session_keeps_a_bounded_number_of_sampling_sessions(server_url: str) 
     session_id = post(server_url, "create_session", json={"tags": [], "sdk_version": "test"}).json()["session_id"]
     samplers = [post(server_url, "create_sampling_session",
                      json={"session_id": session_id, "sampling_session_seq_id": i, "base_model": MODEL}
-                     ).json()["sampling_session_id"] for i in range(tinker_api.MAX_SAMPLERS_PER_SESSION + 1)]
+                     ).json()["sampling_session_id"] for i in range(tinker_sessions.MAX_SAMPLERS_PER_SESSION + 1)]
     sample = {"num_samples": 1, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
               "sampling_params": {"max_tokens": 1}}
     # The oldest one was dropped to keep the bound; the newest still samples.

@@ -31,14 +31,8 @@ several MB: the SDK splits batches at about 5 MB).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import itertools
 import secrets
-import threading
-import time
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
@@ -63,6 +57,7 @@ from tinker_cookbook.server.tinker_bodies import (  # the protocol's request sch
     TtlBody,
     WeightsInfoBody,
 )
+from tinker_cookbook.server.tinker_sessions import SessionGone, State
 from tinker_cookbook.tinker import errors, types
 from tinker_cookbook.tinker._backend import Backend
 from tinker_cookbook.tinker.futures import then
@@ -75,16 +70,6 @@ RETRIEVE_WAIT_S = 35.0
 long, because the SDK logs a warning for every try_again."""
 MAX_NUM_SAMPLES = 128
 """The most samples one ``asample`` request may ask for."""
-MAX_KEPT_RESULTS = 4096
-"""Finished futures kept for (re-)retrieval; the oldest finished ones are dropped beyond this."""
-BLOCKING_WORKERS = 4
-SESSION_TIMEOUT_S = 600.0
-MAX_SAMPLERS_PER_SESSION = 8
-"""Sampling sessions a session keeps (each holds sampling weights); the least recently used beyond this are
-dropped. A loop that snapshots every step uses one or two at a time."""
-"""A session not heard from for this long (the SDK heartbeats every 10 s) is closed and its adapters freed."""
-"""Threads for the requests that block (model loads, checkpoint reads), so the event loop keeps serving polls."""
-
 PROTOBUF = "application/x-protobuf"
 
 # The SDK's feature flags, pinned to the behaviour this server implements: plain API keys, uncompressed protobuf
@@ -103,139 +88,6 @@ CLIENT_CONFIG = {
 DYNAMIC_CLIENT_CONFIG = {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
 
 
-# -- state ------------------------------------------------------------------------------------------------------
-
-@dataclass
-class _Session:
-    user_metadata: dict[str, str] | None
-    model_ids: list[str] = field(default_factory=list)
-    sampler_ids: OrderedDict[str, None] = field(default_factory=OrderedDict)  # least recently used first
-    last_seen: float = field(default_factory=time.monotonic)
-    sampler_counter: itertools.count = field(default_factory=itertools.count)
-
-
-@dataclass
-class _Sampler:
-    handle: Any
-    base_model: str
-    model_path: str | None
-    session_id: str
-    clients: itertools.count = field(default_factory=lambda: itertools.count(1))
-
-
-@dataclass
-class _Pending:
-    future: concurrent.futures.Future[Any]
-    encode: Callable[[Any], Response]
-
-
-class _State:
-    """What the protocol needs to remember between requests; the backend holds everything else."""
-
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
-        self.lock = threading.Lock()
-        self.sessions: dict[str, _Session] = {}
-        self.models: dict[str, str] = {}  # wire model id -> backend run id
-        self.model_sessions: dict[str, str] = {}  # wire model id -> session id
-        self.samplers: dict[str, _Sampler] = {}
-        self.futures: OrderedDict[str, _Pending] = OrderedDict()
-        self.blocking = concurrent.futures.ThreadPoolExecutor(BLOCKING_WORKERS, thread_name_prefix="tinker-api")
-
-    # -- sessions ------------------------------------------------------------------------------------------
-    def session(self, session_id: str) -> _Session:
-        with self.lock:
-            found = self.sessions.get(session_id)
-            if found is not None:
-                found.last_seen = time.monotonic()
-        if found is None:
-            raise SessionGone(f"session_id={session_id!r} is not an open session of this server (it finished, or "
-                              f"sent no heartbeat for {SESSION_TIMEOUT_S:.0f} s); create a new ServiceClient")
-        return found
-
-    def close_session(self, session_id: str) -> None:
-        """Forget the session and free the adapters and optimizer state of its training clients."""
-        with self.lock:
-            session = self.sessions.pop(session_id, None)
-            if session is None:
-                return
-            run_ids = [self.models.pop(m) for m in session.model_ids if m in self.models]
-            for model_id in session.model_ids:
-                self.model_sessions.pop(model_id, None)
-            for sampler_id in session.sampler_ids:
-                self.samplers.pop(sampler_id, None)
-        for run_id in run_ids:
-            self.backend.close_session(run_id)
-
-    def expire_sessions(self) -> None:
-        """Close the sessions whose client went away without finishing them (a crash, a lost connection)."""
-        now = time.monotonic()
-        with self.lock:
-            stale = [sid for sid, s in self.sessions.items() if now - s.last_seen > SESSION_TIMEOUT_S]
-        for session_id in stale:
-            self.close_session(session_id)
-
-    # -- ids -----------------------------------------------------------------------------------------------
-
-    def run_id(self, model_id: str) -> str:
-        with self.lock:
-            run_id = self.models.get(model_id)
-        if run_id is None:
-            raise errors.NotFoundError(f"model_id={model_id!r} is not a live training client of this server; create "
-                                       "one with create_lora_training_client or create_training_client_from_state")
-        return run_id
-
-    def training_run_id(self, run_or_model_id: str) -> str:
-        """A run id as the REST routes take it: a run id, or a model id this server handed out."""
-        with self.lock:
-            return self.models.get(run_or_model_id, run_or_model_id)
-
-    def sampler(self, sampling_session_id: str) -> _Sampler:
-        with self.lock:
-            found = self.samplers.get(sampling_session_id)
-            session = self.sessions.get(found.session_id) if found is not None else None
-            if session is not None:
-                session.sampler_ids.move_to_end(sampling_session_id)
-        if found is None:
-            raise errors.NotFoundError(
-                f"sampling_session_id={sampling_session_id!r} is not a sampling session of this server (its session "
-                f"ended, or it was the least recently used of more than {MAX_SAMPLERS_PER_SESSION}); create a new "
-                "sampling client")
-        return found
-
-    def add_sampler(self, handle: Any, session_id: str) -> str:
-        sampler_id = f"sampler-{secrets.token_hex(8)}"
-        with self.lock:
-            session = self.sessions.get(session_id)
-            if session is None:
-                raise SessionGone(f"session_id={session_id!r} ended while its sampling client was being created")
-            self.samplers[sampler_id] = _Sampler(handle, handle.base_model, handle.model_path, session_id)
-            session.sampler_ids[sampler_id] = None
-            while len(session.sampler_ids) > MAX_SAMPLERS_PER_SESSION:
-                oldest, _ = session.sampler_ids.popitem(last=False)
-                self.samplers.pop(oldest, None)
-        return sampler_id
-
-    # -- futures -------------------------------------------------------------------------------------------
-    def track(self, future: concurrent.futures.Future[Any], encode: Callable[[Any], Response],
-              model_id: str | None = None, **extra: Any) -> JSONResponse:
-        request_id = f"req-{secrets.token_hex(12)}"
-        with self.lock:
-            self.futures[request_id] = _Pending(future, encode)
-            self._evict()
-        return JSONResponse({"request_id": request_id, "model_id": model_id, **extra})
-
-    def _evict(self) -> None:
-        excess = len(self.futures) - MAX_KEPT_RESULTS
-        if excess <= 0:
-            return
-        for request_id in [rid for rid, p in self.futures.items() if p.future.done()][:excess]:
-            del self.futures[request_id]
-
-    def in_thread(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
-        return self.blocking.submit(fn)
-
-
 # -- encoding answers and errors ------------------------------------------------------------------------------------
 
 def _json(model: BaseModel) -> JSONResponse:
@@ -248,12 +100,6 @@ def _proto_fb(output: types.ForwardBackwardOutput) -> Response:
 
 def _proto_sample(response: types.SampleResponse) -> Response:
     return Response(tinker_proto.encode_sample_response(response), media_type=PROTOBUF)
-
-
-class SessionGone(errors.NotFoundError):
-    """The session finished or expired: 410, on which the SDK stops heartbeating instead of retrying."""
-
-    status_code = 410
 
 
 def _status_of(exc: BaseException) -> int:
@@ -306,7 +152,7 @@ def _validation_summary(exc: ValidationError) -> str:
 
 def build_router(backend: Backend) -> APIRouter:  # noqa: C901 - one closure per route reads best here
     """All Tinker-protocol routes, served by ``backend``."""
-    state = _State(backend)
+    state = State(backend)
     router = APIRouter(prefix="/api/v1")
 
     def route(method: str, path: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -355,10 +201,8 @@ def build_router(backend: Backend) -> APIRouter:  # noqa: C901 - one closure per
     async def create_session(request: Request) -> Any:
         body = await _parse(request, CreateSessionBody)
         state.expire_sessions()
-        session_id = f"session-{secrets.token_hex(8)}"
         metadata = {str(k): str(v) for k, v in body.user_metadata.items()} if body.user_metadata else None
-        with state.lock:
-            state.sessions[session_id] = _Session(metadata)
+        session_id = state.open_session(metadata)
         return {"type": "create_session", "session_id": session_id}
 
     @route("POST", "/session_heartbeat")
