@@ -607,7 +607,7 @@ class _PromptGroups:
     """The decode rows grouped by prompt, padded to the largest group (pads repeat row 0 and are never read)."""
 
     prompts: torch.Tensor | None
-    """The prompt slots in use this step, or None when every slot of the cache is in use."""
+    """The prompt slots in use this step, or None when they are slots ``0..count-1`` (read as a slice, no copy)."""
 
     size: int
     """Rows per group after padding."""
@@ -623,6 +623,11 @@ class _PromptGroups:
 
     length: int
     """The longest prompt in use: how many cached positions are read."""
+
+    @property
+    def count(self) -> int:
+        """Prompts in use."""
+        return self.bias.shape[0]
 
 
 def _group_rows(shared: SharedPrompts) -> _PromptGroups:
@@ -642,9 +647,9 @@ def _group_rows(shared: SharedPrompts) -> _PromptGroups:
     length = int(lengths.max())
     past = torch.arange(length, device=of_row.device)[None, :] >= lengths[:, None]
     bias = torch.zeros(past.shape, dtype=torch.float32, device=of_row.device).masked_fill_(past, -math.inf)
-    all_used = count == shared.cache.shape[2]  # used is sorted: then it is 0..count-1
+    dense = int(used[-1]) == count - 1  # used is sorted and distinct: then it is 0..count-1
     return _PromptGroups(
-        prompts=None if all_used else used,
+        prompts=None if dense else used,
         size=size,
         padded=padded,
         position=position,
@@ -700,6 +705,8 @@ def decode(
             prompt_keys, prompt_values = shared.cache[index, 0], shared.cache[index, 1]
             if groups.prompts is not None:
                 prompt_keys, prompt_values = prompt_keys[groups.prompts], prompt_values[groups.prompts]
+            else:
+                prompt_keys, prompt_values = prompt_keys[: groups.count], prompt_values[: groups.count]
             prompt = (prompt_keys[:, :, : groups.length], prompt_values[:, :, : groups.length])
             out = _shared_decode_attention(q, *own, *prompt, groups)
         h = _finish_layer(layer, h, out, spec.rms_eps)
