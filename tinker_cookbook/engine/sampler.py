@@ -44,6 +44,7 @@ import os
 import random
 import secrets
 import threading
+import time
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Self
@@ -82,6 +83,10 @@ _DTYPES = {
 _PREFILL_TOKEN_BUDGET = 4096
 # Prompt positions scored per unembedding matmul when prompt logprobs are asked for (bounds [rows, vocab] memory).
 _SCORE_CHUNK = 256
+# An idle engine that receives a request waits while more arrive within this gap (at most the max in all), so a
+# burst of requests shares one prefill; a lone request waits one gap.
+_BURST_GAP_S = 0.003
+_BURST_MAX_S = 0.03
 # How long the exit hook waits for a worker to finish its current step (a prefill is bounded by the token budget).
 EXIT_JOIN_TIMEOUT_S = 10.0
 
@@ -329,6 +334,8 @@ class SamplerEngine:
                 with self._cond:
                     while not self._closed and not self._incoming and not self._batches:
                         self._cond.wait()
+                    if not self._batches:
+                        self._gather_burst()
                     if self._closed:
                         break
                     incoming, self._incoming = self._incoming, []
@@ -357,6 +364,21 @@ class SamplerEngine:
             "the sampler was shut down (SamplerEngine.close(), LocalBackend.close() or process exit) before this "
             "request finished; wait for sampling results before closing or exiting"
         ))
+
+    def _gather_burst(self) -> None:
+        """With the lock held, when an idle engine gets requests: wait while more keep coming (each within
+        ``_BURST_GAP_S`` of the last, ``_BURST_MAX_S`` at most), so that a burst, such as an RL batch submitting
+        all its rollouts at once, is prefilled in one forward rather than its first prompt alone, then the rest."""
+        deadline = time.monotonic() + _BURST_MAX_S
+        count = len(self._incoming)
+        while not self._closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._cond.wait(min(_BURST_GAP_S, left))
+            if len(self._incoming) == count:
+                break
+            count = len(self._incoming)
 
     @staticmethod
     def _requests_of(batch: _Batch) -> list[_Request]:

@@ -283,10 +283,26 @@ def split_adapter_state(
     return pairs, overrides
 
 
+@dataclass(frozen=True)
+class LoraDelta:
+    """The LoRA update ``scale * left @ right`` of one weight, kept as its low-rank factors until it is merged."""
+
+    left: torch.Tensor
+    """[out, r]"""
+    right: torch.Tensor
+    """[r, in]"""
+    scale: float
+
+    def merge_into(self, out: torch.Tensor, base: torch.Tensor) -> None:
+        """``out = base + scale * left @ right`` in fp32, one pass over ``out`` (a row block of a fused weight)."""
+        left, right = self.left.to(base.device).float(), self.right.to(base.device).float()
+        torch.addmm(base.float(), left, right, alpha=self.scale, out=out)
+
+
 def lora_deltas(
     pairs: Mapping[str, Mapping[str, torch.Tensor]], adapter_config: Mapping[str, Any]
-) -> dict[str, torch.Tensor]:
-    """``{base weight key: scale * B @ A}`` (fp32) for every LoRA pair."""
+) -> dict[str, LoraDelta]:
+    """``{base weight key: scale * B @ A}`` for every LoRA pair (as factors: merged straight into the weights)."""
     if "r" not in adapter_config:
         raise BadRequestError(f"adapter_config has no 'r' (the LoRA rank): {dict(adapter_config)!r}")
     rank = int(adapter_config["r"])
@@ -299,17 +315,18 @@ def lora_deltas(
     if adapter_config.get("use_dora"):
         raise BadRequestError("adapter_config.use_dora=True is not supported by the sampler; use plain LoRA")
     scale = alpha / math.sqrt(rank) if adapter_config.get("use_rslora") else alpha / rank
-    deltas: dict[str, torch.Tensor] = {}
+    deltas: dict[str, LoraDelta] = {}
     for module, pair in pairs.items():
         if "lora_A" in pair and "lora_B" in pair:
-            delta = pair["lora_B"].float() @ pair["lora_A"].float()  # [out, in]
+            delta = LoraDelta(pair["lora_B"], pair["lora_A"], scale)  # [out, r] @ [r, in]
         elif "lora_embedding_A" in pair and "lora_embedding_B" in pair:
-            delta = (pair["lora_embedding_B"].float() @ pair["lora_embedding_A"].float()).T  # [vocab, hidden]
+            # peft's embedding update is (B @ A).T with A [r, vocab], B [hidden, r]: A.T @ B.T, [vocab, hidden].
+            delta = LoraDelta(pair["lora_embedding_A"].T, pair["lora_embedding_B"].T, scale)
         else:
             raise BadRequestError(
                 f"adapter_state has an unpaired LoRA weight for module {module!r}: {sorted(pair)}"
             )
-        deltas[f"{module}.weight"] = delta * scale
+        deltas[f"{module}.weight"] = delta
     return deltas
 
 
@@ -319,25 +336,46 @@ _LORA_PARTS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
 class _StateReader:
     """Reads base tensors with their LoRA delta merged, tracking which deltas were used."""
 
-    def __init__(self, base: Mapping[str, torch.Tensor], deltas: dict[str, torch.Tensor], dtype: torch.dtype):
+    def __init__(self, base: Mapping[str, torch.Tensor], deltas: dict[str, LoraDelta], dtype: torch.dtype):
         self.base = base
         self.deltas = deltas
         self.dtype = dtype
         self.used: set[str] = set()
 
-    def get(self, key: str, *, fallback: str | None = None) -> torch.Tensor:
+    def _base(self, key: str, fallback: str | None) -> torch.Tensor:
         source = key if key in self.base else fallback
         if source is None or source not in self.base:
             raise BadRequestError(
                 f"base_state has no tensor {key!r}; pass the full HF state dict of the base model"
             )
-        tensor = self.base[source].detach()
-        delta = self.deltas.get(key)
-        if delta is None:
-            return tensor.to(self.dtype)
-        self.used.add(key)
-        # Merge in fp32 into a new tensor: the base state is shared with the trainer and must not change.
-        return (tensor.float() + delta.to(tensor.device)).to(self.dtype)
+        return self.base[source].detach()
+
+    def get(self, key: str, *, fallback: str | None = None) -> torch.Tensor:
+        return self.fused([key], fallback=fallback)
+
+    def fused(self, keys: list[str], *, fallback: str | None = None) -> torch.Tensor:
+        """The row-concatenation of the tensors at ``keys`` with their LoRA deltas merged, in the reader's dtype.
+
+        Merged and fused weights are new tensors (the base state is shared with the trainer and must not change),
+        each block written once: ``addmm`` of the base and the LoRA factors straight into it.
+        """
+        tensors = [self._base(key, fallback) for key in keys]
+        deltas = [self.deltas.get(key) for key in keys]
+        if len(keys) == 1 and deltas[0] is None:
+            return tensors[0].to(self.dtype)
+        merging = any(d is not None for d in deltas)
+        shape = (sum(t.shape[0] for t in tensors), *tensors[0].shape[1:])
+        out = torch.empty(shape, dtype=torch.float32 if merging else self.dtype, device=tensors[0].device)
+        row = 0
+        for key, tensor, delta in zip(keys, tensors, deltas, strict=True):
+            block = out[row : row + tensor.shape[0]]
+            row += tensor.shape[0]
+            if delta is None:
+                block.copy_(tensor)
+            else:
+                self.used.add(key)
+                delta.merge_into(block, tensor)
+        return out.to(self.dtype)
 
     def maybe(self, key: str) -> torch.Tensor | None:
         return self.get(key) if key in self.base else None
@@ -367,13 +405,13 @@ def _layer(reader: _StateReader, prefix: str, spec: DecoderSpec) -> LayerWeights
     return LayerWeights(
         input_norm=reader.norm(f"{prefix}input_layernorm.weight").float(),
         qkv=Linear.of(
-            _cat([reader.get(f"{attn}{p}_proj.weight") for p in "qkv"]),  # type: ignore[arg-type]
+            reader.fused([f"{attn}{p}_proj.weight" for p in "qkv"]),
             _cat([reader.maybe(f"{attn}{p}_proj.bias") for p in "qkv"]),
         ),
         o_proj=Linear.of(reader.get(f"{attn}o_proj.weight"), reader.maybe(f"{attn}o_proj.bias")),
         post_norm=reader.norm(f"{prefix}post_attention_layernorm.weight").float(),
         gate_up=Linear.of(
-            _cat([reader.get(f"{mlp}gate_proj.weight"), reader.get(f"{mlp}up_proj.weight")]),  # type: ignore[arg-type]
+            reader.fused([f"{mlp}gate_proj.weight", f"{mlp}up_proj.weight"]),
             _cat([reader.maybe(f"{mlp}gate_proj.bias"), reader.maybe(f"{mlp}up_proj.bias")]),
         ),
         down=Linear.of(reader.get(f"{mlp}down_proj.weight"), reader.maybe(f"{mlp}down_proj.bias")),
@@ -392,7 +430,7 @@ def build_decoder_weights(
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise BadRequestError(f"sampling dtype must be float32, bfloat16 or float16, got {dtype}")
     spec = spec_from_config(config)
-    deltas: dict[str, torch.Tensor] = {}
+    deltas: dict[str, LoraDelta] = {}
     state: Mapping[str, torch.Tensor] = base_state
     if adapter_state:
         if adapter_config is None:
