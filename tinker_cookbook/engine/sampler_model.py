@@ -60,6 +60,8 @@ class DecoderSpec:
 
 
 _PACK_BATCH_HINT = 128
+# The overload itself: calling it skips the packet's overload resolution on each of a decode step's ~120 calls.
+_LINEAR_POINTWISE = torch.ops.mkldnn._linear_pointwise.default
 _packing_works: dict[torch.dtype, bool] = {}
 
 
@@ -109,16 +111,19 @@ class Linear:
 
     def raw(self, x: torch.Tensor) -> torch.Tensor:
         """``x [rows, in]`` -> ``[rows, out]`` in the weight's dtype."""
-        x = x.to(self.weight.dtype)
+        # Conversions only when needed: a decode step makes ~4 calls per layer, each torch call costs microseconds.
+        if x.dtype != self.weight.dtype:
+            x = x.to(self.weight.dtype)
         if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(
-                x.contiguous(), self.weight, self.bias, "none", [None], ""
-            )
+            if not x.is_contiguous():
+                x = x.contiguous()
+            return _LINEAR_POINTWISE(x, self.weight, self.bias, "none", [None], "")
         return F.linear(x, self.weight, self.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """fp32 ``x [rows, in]`` -> fp32 ``[rows, out]``; the matmul runs in the weight's dtype."""
-        return self.raw(x).float()
+        out = self.raw(x)
+        return out if out.dtype == torch.float32 else out.float()
 
     def num_bytes(self) -> int:
         tensors = [self.weight] + ([] if self.bias is None else [self.bias])
@@ -478,20 +483,24 @@ def build_decoder_weights(
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm in fp32 (x is fp32), the same arithmetic as the HF module."""
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    """RMSNorm in fp32 (x is fp32) over the last dim: ``weight * (x * rsqrt(mean(x^2) + eps))``, the HF module's
+    arithmetic, in one torch call. ``weight [d]``, or ``[heads, d]`` for a per-head weight (q/k norms)."""
+    if weight.dim() == 1:
+        return F.rms_norm(x, weight.shape, weight, eps)
+    return F.rms_norm(x, x.shape[-1:], None, eps) * weight
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [..., tokens, heads, head_dim]`` by per-token ``cos``/``sin`` ``[tokens, head_dim]``."""
+    """Rotate ``x [tokens, heads, head_dim]`` by per-token ``cos``/``sin`` ``[tokens, 1, head_dim]``."""
     half = x.shape[-1] // 2
-    return x * cos[:, None, :] + torch.roll(x, half, dims=-1) * sin_signed[:, None, :]
+    return x * cos + torch.roll(x, half, dims=-1) * sin_signed
 
 
 def _attention_inputs(
     weights: DecoderWeights, layer: LayerWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q ``[T, nh, hd]``, k and v ``[T, nkv, hd]`` (fp32) for hidden states ``h [T, H]``."""
+    """q ``[T, nh, hd]``, k and v ``[T, nkv, hd]`` (fp32) for hidden states ``h [T, H]``; ``cos``/``sin``
+    ``[T, 1, hd]``."""
     spec = weights.spec
     x = rms_norm(h, layer.input_norm, spec.rms_eps)
     qkv = layer.qkv(x)
@@ -509,7 +518,7 @@ def _finish_layer(layer: LayerWeights, h: torch.Tensor, attn: torch.Tensor, eps:
     h = h + layer.o_proj(attn)
     # gate|up stays in the weight dtype: the SiLU product goes straight into the down projection.
     gate, up = layer.gate_up.raw(rms_norm(h, layer.post_norm, eps)).chunk(2, dim=-1)
-    return h + layer.down(F.silu(gate) * up)
+    return h + layer.down(F.silu(gate).mul_(up))
 
 
 def logits(weights: DecoderWeights, h: torch.Tensor, also: torch.Tensor | None = None) -> torch.Tensor:
@@ -607,6 +616,7 @@ def prefill(
     h = weights.embed[tokens].float()
     if images is not None:
         h, cos, sin = images.inputs(h, cos, sin)
+    cos, sin = cos[:, None, :], sin[:, None, :]  # broadcast over heads
     attn = torch.empty(total, spec.num_heads * spec.head_dim, dtype=torch.float32, device=device)
     for index, layer in enumerate(weights.layers):
         q, k, v = _attention_inputs(weights, layer, h, cos, sin)
@@ -662,6 +672,9 @@ class _PromptGroups:
     length: int
     """The longest prompt in use: how many cached positions are read."""
 
+    identity: bool
+    """Row ``i`` is the only one continuing the ``i``-th prompt in use (e.g. batch 1): rows need no regrouping."""
+
     @property
     def count(self) -> int:
         """Prompts in use."""
@@ -686,6 +699,7 @@ def _group_rows(shared: SharedPrompts) -> _PromptGroups:
     past = torch.arange(length, device=of_row.device)[None, :] >= lengths[:, None]
     bias = torch.zeros(past.shape, dtype=torch.float32, device=of_row.device).masked_fill_(past, -math.inf)
     dense = int(used[-1]) == count - 1  # used is sorted and distinct: then it is 0..count-1
+    identity = size == 1 and bool((group == torch.arange(group.shape[0], device=of_row.device)).all())
     return _PromptGroups(
         prompts=None if dense else used,
         size=size,
@@ -693,6 +707,7 @@ def _group_rows(shared: SharedPrompts) -> _PromptGroups:
         position=position,
         bias=bias[:, None, None, :],
         length=length,
+        identity=identity,
     )
 
 
@@ -718,7 +733,7 @@ def decode(
     n = tokens.shape[0]
     rope = positions if rope_positions is None else rope_positions
     cos_table, sin_table = weights.rope_tables(int(rope.max()) + 1)
-    cos, sin = cos_table[rope], sin_table[rope]
+    cos, sin = cos_table[rope][:, None, :], sin_table[rope][:, None, :]  # [n, 1, hd]: broadcast over heads
     local = positions if shared is None else positions - shared.lengths[shared.of_row]
     groups = None if shared is None else _group_rows(shared)
     _, _, _, heads, capacity, head_dim = cache.shape
@@ -726,6 +741,8 @@ def decode(
     # index_copy_ of whole rows is much cheaper than advanced-index assignment into the 4-d view.
     rows = torch.arange(n, device=tokens.device)[:, None] * heads + torch.arange(heads, device=tokens.device)
     rows = (rows * capacity + local[:, None]).reshape(-1)
+    # The same rows in the V half of a layer's [2, slots, heads, capacity, hd] block: K and V written in one copy.
+    rows = torch.cat([rows, rows + cache.shape[2] * heads * capacity])
     # Additive mask [n, 1, 1, attend_len]: 0 where sequence i has a cached position, -inf beyond it.
     beyond = torch.arange(attend_len, device=tokens.device)[None, :] > local[:, None]
     bias = torch.zeros(beyond.shape, dtype=torch.float32, device=tokens.device).masked_fill_(beyond, -math.inf)
@@ -733,9 +750,10 @@ def decode(
     h = weights.embed[tokens].float()
     for index, layer in enumerate(weights.layers):
         q, k, v = _attention_inputs(weights, layer, h, cos, sin)
-        keys, values = cache[index, 0], cache[index, 1]
-        keys.view(-1, head_dim).index_copy_(0, rows, k.reshape(-1, head_dim).to(cache.dtype))
-        values.view(-1, head_dim).index_copy_(0, rows, v.reshape(-1, head_dim).to(cache.dtype))
+        layer_cache = cache[index]
+        new = torch.stack((k, v)).view(-1, head_dim)
+        layer_cache.view(-1, head_dim).index_copy_(0, rows, new if new.dtype == cache.dtype else new.to(cache.dtype))
+        keys, values = layer_cache[0], layer_cache[1]
         own = (keys[:n, :, :attend_len], values[:n, :, :attend_len], bias)
         if shared is None or groups is None:
             out = _decode_attention(q, *own)
@@ -751,6 +769,11 @@ def decode(
     return h
 
 
+def _fp32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in fp32 (no torch call when it is already: the CPU cache is fp32)."""
+    return x if x.dtype == torch.float32 else x.float()
+
+
 def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """Attention of one query per sequence, all in fp32: ``q [n, nh, hd]``, ``keys``/``values [n, nkv, L, hd]``.
 
@@ -761,7 +784,7 @@ def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     n, num_heads, head_dim = q.shape
     num_kv = keys.shape[1]
     grouped = q.view(n, num_kv, num_heads // num_kv, head_dim)  # the query heads sharing each K/V head
-    keys, values = keys.float(), values.float()  # no-op for an fp32 cache
+    keys, values = _fp32(keys), _fp32(values)
     scores = torch.matmul(grouped, keys.transpose(-1, -2)).mul_(head_dim**-0.5).add_(bias)
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, values).reshape(n, num_heads * head_dim)
@@ -787,19 +810,23 @@ def _shared_decode_attention(
     count, size, length = groups.bias.shape[0], groups.size, groups.length
 
     def to_groups(x: torch.Tensor) -> torch.Tensor:  # [n, nkv, per_kv, X] -> [groups, nkv, size * per_kv, X]
+        if groups.identity:
+            return x
         x = x[groups.padded].view(count, size, num_kv, per_kv, -1)
         return x.transpose(1, 2).reshape(count, num_kv, size * per_kv, -1)
 
     def to_rows(x: torch.Tensor) -> torch.Tensor:  # the inverse of to_groups
+        if groups.identity:
+            return x
         x = x.view(count, num_kv, size, per_kv, -1).transpose(1, 2).reshape(count * size, num_kv, per_kv, -1)
         return x[groups.position]
 
     grouped = q.view(n, num_kv, per_kv, head_dim)
     scale = head_dim**-0.5
-    prompt_scores = torch.matmul(to_groups(grouped), prompt_keys.float().transpose(-1, -2)).mul_(scale)
+    prompt_scores = torch.matmul(to_groups(grouped), _fp32(prompt_keys).transpose(-1, -2)).mul_(scale)
     prompt_scores = to_rows(prompt_scores.add_(groups.bias))
-    own_scores = torch.matmul(grouped, keys.float().transpose(-1, -2)).mul_(scale).add_(bias)
+    own_scores = torch.matmul(grouped, _fp32(keys).transpose(-1, -2)).mul_(scale).add_(bias)
     probs = torch.softmax(torch.cat([prompt_scores, own_scores], dim=-1), dim=-1)
-    out = torch.matmul(probs[..., length:], values.float())
-    out += to_rows(torch.matmul(to_groups(probs[..., :length]), prompt_values.float()))
+    out = torch.matmul(probs[..., length:], _fp32(values))
+    out += to_rows(torch.matmul(to_groups(probs[..., :length]), _fp32(prompt_values)))
     return out.reshape(n, num_heads * head_dim)
