@@ -11,8 +11,11 @@ How requests run (one background worker thread):
 
 - ``submit`` validates synchronously (``BadRequestError`` naming the field) and queues the request.
 - Between two decode steps the worker prefills newly arrived prompts, several packed into one forward with no
-  padding. A prompt is prefilled once; its K/V are stored once in a prompt pool and read by all its
-  ``num_samples`` samples, each of which keeps only its generated tokens' K/V in its own cache slot.
+  padding (an idle worker first waits a few milliseconds while requests keep arriving, so a burst such as an RL
+  batch's rollouts shares one prefill). A prompt is prefilled once; its K/V are stored once in a prompt pool and
+  read by all its samples, those of every request with that prompt (an RL group sends one request per env), each
+  of which keeps only its generated tokens' K/V in its own cache slot. Their first tokens are drawn together from
+  the prompts' last logits, computed once per distinct prompt.
 - Every decode step advances all active sequences of a weights snapshot together; finished sequences leave the
   batch at once (their slot is refilled by the last sequence), new ones join at the next step.
 
@@ -83,6 +86,8 @@ _DTYPES = {
 _PREFILL_TOKEN_BUDGET = 4096
 # Prompt positions scored per unembedding matmul when prompt logprobs are asked for (bounds [rows, vocab] memory).
 _SCORE_CHUNK = 256
+PromptKey = tuple[tuple[int, ...], Hashable]
+"""A prompt's tokens and the key of its images: requests with equal keys have the same prompt K/V."""
 # An idle engine that receives a request waits while more arrive within this gap (at most the max in all), so a
 # burst of requests shares one prefill; a lone request waits one gap.
 _BURST_GAP_S = 0.003
@@ -200,7 +205,7 @@ class _Request:
         self.kv: torch.Tensor | None = None
         """The prefilled prompt K/V while some samples wait for a slot."""
 
-        self.prompt_key: Hashable = (tuple(spec.prompt), spec.vision.key if spec.vision is not None else ())
+        self.prompt_key: PromptKey = (tuple(spec.prompt), spec.vision.key if spec.vision is not None else ())
         """Tokens and images: requests with equal keys have the same prompt K/V (prefilled and stored once)."""
         self.prompt_logprobs: list[float | None] | None = None
         self.topk_prompt_logprobs: list[list[tuple[int, float]] | None] | None = None
@@ -417,7 +422,7 @@ class SamplerEngine:
         try:
             limits = batch.weights.limits
             images = limits.vision.pack([prompts[k] for k in distinct]) if limits.vision is not None else None
-            result = sampler_model.prefill(decoder, [list(k[0]) for k in distinct], batch.pool.dtype, images)
+            result = sampler_model.prefill(decoder, [prompts[k][0] for k in distinct], batch.pool.dtype, images)
             # The last position's hidden state of each distinct prompt: every sample of every request with that
             # prompt draws its first token from these logits, computed once in one matmul.
             last_hidden = torch.cat([hidden[-1:] for hidden in result.hidden])
@@ -432,7 +437,7 @@ class SamplerEngine:
         stats = self._stats
         stats.prefill_forwards += 1
         stats.prompts_prefilled += len(distinct)
-        stats.prefill_tokens += sum(len(k[0]) for k in distinct)
+        stats.prefill_tokens += sum(len(prompts[k][0]) for k in distinct)
         stats.max_prompts_per_prefill = max(stats.max_prompts_per_prefill, len(distinct))
         row_of = {key: row for row, key in enumerate(distinct)}
         started: list[tuple[_Request, int]] = []
