@@ -167,6 +167,40 @@ def test_decoder_matches_hf_logits(make: Any) -> None:
         torch.testing.assert_close(step[slot], reference[-1], atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("make", [_tiny_qwen3, _tiny_llama, _tiny_qwen2], ids=["qwen3", "llama", "qwen2-qkv-bias"])
+def test_prompts_with_a_shared_prefix_prefill_as_each_alone(make: Any) -> None:
+    """Prompts starting with the same 20 tokens compute them once; K/V and hidden states equal each prompt's own
+    prefill, and the logits match the HF forward.
+
+    Same fp32 arithmetic per position; the prompts' own tokens attend through an explicit mask instead of
+    ``is_causal`` (another SDPA code path, another summation order): a few ulp per layer (bound 1e-5 of the largest
+    value), and the HF logits within the 1e-4 of ``test_decoder_matches_hf_logits``.
+    """
+    model = make()
+    weights = _weights(model).decoder
+    prefix = [(7 * i + 3) % 1000 for i in range(20)]
+    prompts = [prefix + [5, 17, 300], prefix + [12], prefix + [3, 1, 4, 1, 5, 9, 2, 6]]
+    assert sampler_model.shared_prefix_length(prompts) == 20
+    together = sampler_model.prefill(weights, prompts, torch.float32)
+    for prompt, kv, hidden in zip(prompts, together.kv, together.hidden, strict=True):
+        alone = sampler_model.prefill(weights, [prompt], torch.float32)
+        torch.testing.assert_close(kv, alone.kv[0], atol=1e-5 * float(alone.kv[0].abs().max()), rtol=0)
+        torch.testing.assert_close(hidden, alone.hidden[0], atol=1e-5 * float(alone.hidden[0].abs().max()), rtol=0)
+        with torch.no_grad():
+            reference = model(torch.tensor([prompt])).logits[0]
+        torch.testing.assert_close(sampler_model.logits(weights, hidden), reference, atol=1e-4, rtol=0)
+
+
+def test_shared_prefix_length() -> None:
+    prefix = list(range(100, 116))  # MIN_SHARED_PREFIX tokens
+    assert sampler_model.shared_prefix_length([prefix + [1], prefix + [2, 3]]) == 16
+    assert sampler_model.shared_prefix_length([prefix[:-1] + [1], prefix[:-1] + [2]]) == 0  # too short to share
+    assert sampler_model.shared_prefix_length([prefix + [1]]) == 0  # one prompt: nothing to share
+    # Each prompt keeps at least one token of its own (its last position's hidden state is computed with it).
+    assert sampler_model.shared_prefix_length([prefix + [1, 2], prefix + [1]]) == 16
+    assert sampler_model.shared_prefix_length([prefix + [9, 8, 7], prefix + [9, 8, 7]]) == 18
+
+
 @pytest.mark.parametrize(
     "of_row",
     [[2, 0, 2, 0, 2], [0, 1, 2], [0, 2]],

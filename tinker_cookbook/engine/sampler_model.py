@@ -590,29 +590,60 @@ class PrefillResult:
     hidden: list[torch.Tensor]
 
 
+MIN_SHARED_PREFIX = 16
+"""Prompts of one prefill that start with at least this many equal tokens compute that prefix once."""
+
+
+def shared_prefix_length(prompts: list[list[int]]) -> int:
+    """The tokens all ``prompts`` start with (each keeping at least one of its own), if at least
+    ``MIN_SHARED_PREFIX`` and there are several prompts; else 0."""
+    if len(prompts) < 2:
+        return 0
+    limit = min(len(p) for p in prompts) - 1
+    length = 0
+    first = prompts[0]
+    while length < limit and all(p[length] == first[length] for p in prompts):
+        length += 1
+    return length if length >= MIN_SHARED_PREFIX else 0
+
+
 @torch.inference_mode()
 def prefill(
     weights: DecoderWeights, prompts: list[list[int]], cache_dtype: torch.dtype, images: PackedVision | None = None
 ) -> PrefillResult:
     """Run several prompts packed into one token matrix; attention is causal within each prompt.
 
+    Text prompts that all start with the same tokens (``shared_prefix_length``: an RL batch's system prompt and
+    few-shot examples) compute that prefix once: it is the first segment of the packed matrix, and each prompt's
+    own tokens attend to its K/V, then to their own, causally. The arithmetic per position is the same; only the
+    attention kernel differs (an explicit mask instead of ``is_causal``), a few ulp.
     ``images`` (Qwen3-VL) puts image features and multimodal rotary positions into the packed prompts.
     """
     spec = weights.spec
     lengths = [len(p) for p in prompts]
-    total = sum(lengths)
+    shared = shared_prefix_length(prompts) if images is None else 0
+    segments = ([prompts[0][:shared]] if shared else []) + [p[shared:] for p in prompts]
+    total = sum(len(segment) for segment in segments)
     device = weights.device
-    tokens = torch.tensor([t for p in prompts for t in p], dtype=torch.long, device=device)
-    positions = torch.cat([torch.arange(n, device=device) for n in lengths])
+    tokens = torch.tensor([t for segment in segments for t in segment], dtype=torch.long, device=device)
+    positions = torch.cat(
+        ([torch.arange(shared, device=device)] if shared else [])
+        + [torch.arange(shared, n, device=device) for n in lengths]
+    )
     cos_table, sin_table = weights.rope_tables(max(lengths))
     cos, sin = cos_table[positions], sin_table[positions]
     kv = [
         torch.empty(spec.num_layers, 2, spec.num_kv_heads, n, spec.head_dim, dtype=cache_dtype, device=device)
         for n in lengths
     ]
-    starts = [0]
+    starts = [shared]  # each prompt's own tokens, after the shared prefix (if any) at rows 0..shared-1
     for n in lengths:
-        starts.append(starts[-1] + n)
+        starts.append(starts[-1] + n - shared)
+    # Prompt i's own row r (position shared + r) attends to positions 0..shared + r.
+    masks = {
+        n: torch.arange(n, device=device)[None, :] <= torch.arange(shared, n, device=device)[:, None]
+        for n in set(lengths)
+    } if shared else {}
     h = weights.embed[tokens].float()
     if images is not None:
         h, cos, sin = images.inputs(h, cos, sin)
@@ -623,18 +654,34 @@ def prefill(
         if cache_dtype != torch.float32:
             # Attend to the K/V as decode will read them back from the cache: both paths see the same values.
             k, v = k.to(cache_dtype).float(), v.to(cache_dtype).float()
-        for i, (start, end) in enumerate(itertools.pairwise(starts)):
-            k_i, v_i = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)  # [nkv, len, hd]
-            kv[i][index, 0].copy_(k_i)
-            kv[i][index, 1].copy_(v_i)
+        if shared:
+            k_p, v_p = k[:shared].transpose(0, 1), v[:shared].transpose(0, 1)  # [nkv, shared, hd]
             out = F.scaled_dot_product_attention(
-                q[start:end].transpose(0, 1)[None], k_i[None], v_i[None], is_causal=True, enable_gqa=True
+                q[:shared].transpose(0, 1)[None], k_p[None], v_p[None], is_causal=True, enable_gqa=True
             )
+            attn[:shared] = out[0].transpose(0, 1).reshape(shared, -1)
+        for i, (start, end) in enumerate(itertools.pairwise(starts)):
+            k_i, v_i = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)  # [nkv, own, hd]
+            if shared:
+                kv[i][index, 0, :, :shared].copy_(k_p)
+                kv[i][index, 1, :, :shared].copy_(v_p)
+            kv[i][index, 0, :, shared:].copy_(k_i)
+            kv[i][index, 1, :, shared:].copy_(v_i)
+            q_i = q[start:end].transpose(0, 1)[None]
+            if shared:
+                keys, values = _fp32(kv[i][index, 0])[None], _fp32(kv[i][index, 1])[None]
+                out = F.scaled_dot_product_attention(
+                    q_i, keys, values, attn_mask=masks[lengths[i]], enable_gqa=True
+                )
+            else:
+                out = F.scaled_dot_product_attention(q_i, k_i[None], v_i[None], is_causal=True, enable_gqa=True)
             attn[start:end] = out[0].transpose(0, 1).reshape(end - start, -1)
         h = _finish_layer(layer, h, attn, spec.rms_eps)
         if images is not None:
             h = images.after_layer(index, h)
-    return PrefillResult(kv=kv, hidden=[h[s:e] for s, e in itertools.pairwise(starts)])
+    own = [h[s:e] for s, e in itertools.pairwise(starts)]
+    hidden = [torch.cat([h[:shared], mine]) for mine in own] if shared else own
+    return PrefillResult(kv=kv, hidden=hidden)
 
 
 @dataclass
