@@ -16,8 +16,10 @@ into a temporary directory). Runs of the two trees alternate (``--reps`` rounds)
     v1 = mean(q - p), v2 = mean((q - p)^2 / 2) over sampled tokens (the RL metric's estimators).
     KV memory: the sampler cache's peak bytes per sample (where the tree reports it).
     The HF baseline is ``generate`` in fp32 on the same prompts, left-padded into one batch.
-(b) Batch-1 decode tokens/s next to its memory-bandwidth bound: bytes of weights read per token over the measured
-    copy bandwidth (bytes read + written per second of a large tensor copy).
+(b) Batch-1 decode tokens/s next to its memory-bandwidth bound: the bytes read per decoded token (every matmul
+    weight and norm once, the unembedding included, plus the K/V of the positions attended to, averaged over the
+    measured tokens) over the measured memory bandwidth, the larger of a large tensor copy's (bytes read + written
+    per second) and a large tensor sum's (bytes read per second), with the torch threads of the decode.
 
 Modes: ``default`` (the sampler's default precision on this machine), ``fp32`` and ``bf16``
 (``$TINKER_COOKBOOK_SAMPLER_DTYPE``). Not a test: the machine may be shared and noisy; compare figures within one
@@ -91,6 +93,19 @@ def copy_bandwidth_gbs() -> float:
         target.copy_(source)
         best = min(best, time.perf_counter() - start)
     return 2 * source.numel() * 4 / best / 1e9
+
+
+def read_bandwidth_gbs() -> float:
+    """Bytes read per second by the sum of a 512 MiB tensor (best of 5): a decode step only reads its weights."""
+    import torch
+
+    source = torch.ones(2**27, dtype=torch.float32)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        source.sum()
+        best = min(best, time.perf_counter() - start)
+    return source.numel() * 4 / best / 1e9
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -203,7 +218,15 @@ def worker_batch1(model: str, new_tokens: int) -> dict[str, Any]:
         timed(4)
         prefill = min(timed(1)[0] for _ in range(3))
         best = min(timed(new_tokens) for _ in range(2))
-    result = {"tokens_per_s": (best[1] - 1) / (best[0] - prefill), "weight_bytes": weights.decoder.num_bytes()}
+    spec = weights.decoder.spec
+    per_position = spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * 4  # fp32 K and V of all layers
+    # The decoded tokens 2..N attend to the prompt and the tokens before them: on average this many positions.
+    attended = len(prompt) + best[1] / 2
+    result = {
+        "tokens_per_s": (best[1] - 1) / (best[0] - prefill),
+        "weight_bytes": weights.decoder.num_bytes(),
+        "kv_bytes": attended * per_position,
+    }
     # K/V memory of one group: 8 samples of a 256-token prompt, 32 new tokens each, against 8 exact prompt copies.
     group_prompt, samples, group_tokens = list(range(1000, 1256)), 8, 32
     with SamplerEngine() as engine:
@@ -211,8 +234,6 @@ def worker_batch1(model: str, new_tokens: int) -> dict[str, Any]:
         engine.submit(weights, None, types.ModelInput.from_ints(group_prompt), samples, params).result()
         peak = getattr(engine.stats(), "peak_kv_bytes", None)
     if peak:
-        spec = weights.decoder.spec
-        per_position = spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * 4
         result["group_kv_ratio"] = peak / (samples * (len(group_prompt) + group_tokens) * per_position)
     return result
 
@@ -329,6 +350,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2, help="alternating rounds per tree and mode (best kept)")
     parser.add_argument("--skip-hf", action="store_true", help="skip the HF generate baseline")
     parser.add_argument("--skip-batch1", action="store_true")
+    parser.add_argument("--skip-rl", action="store_true", help="skip (a): only the batch-1 decode")
     parser.add_argument("--worker", choices=["rl", "batch1"], help=argparse.SUPPRESS)
     parser.add_argument("--tree", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -349,14 +371,15 @@ def main() -> None:
             flush=True,
         )
         rl: dict[tuple[str, str], dict[str, Any]] = {}
-        for _ in range(args.reps):
+        for _ in range(0 if args.skip_rl else args.reps):
             for mode in modes:
                 for name, tree in trees.items():
                     result = run_worker("rl", tree, mode, args, home)
                     key = (name, mode)
                     if key not in rl or result["tokens_per_s"] > rl[key]["tokens_per_s"]:
                         rl[key] = result
-        print("\n(a) RL shapes, all requests submitted at once, temperature 1")
+        if rl:
+            print("\n(a) RL shapes, all requests submitted at once, temperature 1")
         for (name, mode), r in rl.items():
             s, p = r["sampled"], r["prompt"]
             kv = r.get("kv_peak_bytes")
@@ -369,7 +392,7 @@ def main() -> None:
                 f"prompt mean|d| {p['mean_abs']:.4f} max {p['max_abs']:.3f} (n={p['count']})",
                 flush=True,
             )
-        if args.baseline:
+        if args.baseline and rl:
             for mode in modes:
                 new, old = rl[("this tree", mode)], rl[(f"baseline {args.baseline}", mode)]
                 print(f"  speed this tree / baseline, {mode}: {new['tokens_per_s'] / old['tokens_per_s']:.2f}x")
@@ -378,15 +401,21 @@ def main() -> None:
                 for mode in modes:
                     ratio = rl[("this tree", mode)]["tokens_per_s"] / old_default["tokens_per_s"]
                     print(f"  speed this tree {mode} / baseline default: {ratio:.2f}x")
-        if not args.skip_hf:
+        if not args.skip_hf and rl:
             hf = run_hf_generate(args.model, args.prompts, args.samples, args.max_tokens)
             print(f"  HF generate fp32: {hf['tokens_per_s']:7.1f} tok/s")
             for mode in modes:
                 print(f"  ratio this tree {mode} / HF: {rl[('this tree', mode)]['tokens_per_s'] / hf['tokens_per_s']:.2f}x")
         if not args.skip_batch1:
             print(f"\n(b) batch-1 decode, {args.batch1_tokens} tokens", flush=True)
-            bandwidth = copy_bandwidth_gbs()
-            print(f"  measured copy bandwidth {bandwidth:.1f} GB/s (read + write)")
+            if args.threads:
+                import torch
+
+                torch.set_num_threads(args.threads)
+            copy, read = copy_bandwidth_gbs(), read_bandwidth_gbs()
+            bandwidth = max(copy, read)
+            print(f"  measured bandwidth: copy {copy:.1f} GB/s (read + write), sum {read:.1f} GB/s (read); bound "
+                  f"with {bandwidth:.1f} GB/s")
             b1: dict[tuple[str, str], dict[str, Any]] = {}
             for _ in range(args.reps):
                 for mode in modes:
@@ -396,12 +425,14 @@ def main() -> None:
                         if key not in b1 or result["tokens_per_s"] > b1[key]["tokens_per_s"]:
                             b1[key] = result
             for (name, mode), r in b1.items():
-                bound = bandwidth * 1e9 / r["weight_bytes"]
+                read_bytes = r["weight_bytes"] + r.get("kv_bytes", 0.0)
+                bound = bandwidth * 1e9 / read_bytes
                 group = r.get("group_kv_ratio")
                 group_text = f"; K/V of 8 samples x (256 + 32) tokens: {group:.2f}x of 8 copies" if group else ""
                 print(
-                    f"  {name:>16} {mode:7s} ({r['dtype']}): {r['tokens_per_s']:6.1f} tok/s; weights read per "
-                    f"token {r['weight_bytes'] / 1e6:.0f} MB -> bound {bound:.1f} tok/s ({r['tokens_per_s'] / bound:.0%})"
+                    f"  {name:>16} {mode:7s} ({r['dtype']}): {r['tokens_per_s']:6.1f} tok/s; read per token "
+                    f"{read_bytes / 1e6:.0f} MB (weights {r['weight_bytes'] / 1e6:.0f}) -> bound {bound:.1f} tok/s "
+                    f"({r['tokens_per_s'] / bound:.0%})"
                     f"{group_text}"
                 )
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")

@@ -167,11 +167,52 @@ def test_decoder_matches_hf_logits(make: Any) -> None:
         torch.testing.assert_close(step[slot], reference[-1], atol=1e-4, rtol=0)
 
 
-def test_shared_prompt_decode_equals_per_sequence_copies(qwen3: Any) -> None:
+@pytest.mark.parametrize("make", [_tiny_qwen3, _tiny_llama, _tiny_qwen2], ids=["qwen3", "llama", "qwen2-qkv-bias"])
+def test_prompts_with_a_shared_prefix_prefill_as_each_alone(make: Any) -> None:
+    """Prompts starting with the same 20 tokens compute them once; K/V and hidden states equal each prompt's own
+    prefill, and the logits match the HF forward.
+
+    Same fp32 arithmetic per position; the prompts' own tokens attend through an explicit mask instead of
+    ``is_causal`` (another SDPA code path, another summation order): a few ulp per layer (bound 1e-5 of the largest
+    value), and the HF logits within the 1e-4 of ``test_decoder_matches_hf_logits``.
+    """
+    model = make()
+    weights = _weights(model).decoder
+    prefix = [(7 * i + 3) % 1000 for i in range(20)]
+    prompts = [prefix + [5, 17, 300], prefix + [12], prefix + [3, 1, 4, 1, 5, 9, 2, 6]]
+    assert sampler_model.shared_prefix_length(prompts) == 20
+    together = sampler_model.prefill(weights, prompts, torch.float32)
+    for prompt, kv, hidden in zip(prompts, together.kv, together.hidden, strict=True):
+        alone = sampler_model.prefill(weights, [prompt], torch.float32)
+        torch.testing.assert_close(kv, alone.kv[0], atol=1e-5 * float(alone.kv[0].abs().max()), rtol=0)
+        torch.testing.assert_close(hidden, alone.hidden[0], atol=1e-5 * float(alone.hidden[0].abs().max()), rtol=0)
+        with torch.no_grad():
+            reference = model(torch.tensor([prompt])).logits[0]
+        torch.testing.assert_close(sampler_model.logits(weights, hidden), reference, atol=1e-4, rtol=0)
+
+
+def test_shared_prefix_length() -> None:
+    prefix = list(range(100, 116))  # MIN_SHARED_PREFIX tokens
+    assert sampler_model.shared_prefix_length([prefix + [1], prefix + [2, 3]]) == 16
+    assert sampler_model.shared_prefix_length([prefix[:-1] + [1], prefix[:-1] + [2]]) == 0  # too short to share
+    assert sampler_model.shared_prefix_length([prefix + [1]]) == 0  # one prompt: nothing to share
+    # Each prompt keeps at least one token of its own (its last position's hidden state is computed with it).
+    assert sampler_model.shared_prefix_length([prefix + [1, 2], prefix + [1]]) == 16
+    assert sampler_model.shared_prefix_length([prefix + [9, 8, 7], prefix + [9, 8, 7]]) == 18
+
+
+@pytest.mark.parametrize(
+    "of_row",
+    [[2, 0, 2, 0, 2], [0, 1, 2], [0, 2]],
+    ids=["interleaved-slot-1-unused", "one-row-per-prompt-in-order", "one-row-per-prompt-slot-1-unused"],
+)
+def test_shared_prompt_decode_equals_per_sequence_copies(qwen3: Any, of_row: list[int]) -> None:
     """Prompts stored once and read by all their samples give the decode of per-sample prompt copies.
 
-    Rows of three prompts (lengths 7, 4, 11) interleaved unevenly, as slot compaction leaves them, over three steps;
-    prompt slot 1 is unused, as after its last sample finished. Same fp32 arithmetic except that the softmax-
+    Rows of three prompts (lengths 7, 4, 11), over three steps: interleaved unevenly, as slot compaction leaves
+    them, with prompt slot 1 unused, as after its last sample finished (rows regrouped by prompt, prompt slots
+    gathered); one row per prompt in slot order, as a batch of 1 (no regrouping, prompt slots read as a slice); and
+    one row per prompt with slot 1 unused (no regrouping, slots gathered). Same fp32 arithmetic except that the softmax-
     weighted sum over the prompt and the generated positions is two matmuls instead of one: fp32 summation order,
     a few ulp per operation (measured 7e-7 of the largest state after two layers); bound 1e-5 of the largest.
     """
@@ -179,7 +220,6 @@ def test_shared_prompt_decode_equals_per_sequence_copies(qwen3: Any) -> None:
     spec = weights.spec
     prompts = [[5, 17, 300, 9, 44, 1000, 7], [12, 8, 100, 2000], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
     kvs = sampler_model.prefill(weights, prompts, torch.float32).kv
-    of_row = [2, 0, 2, 0, 2]
     lengths = torch.tensor([len(p) for p in prompts])
     copies = torch.zeros(spec.num_layers, 2, len(of_row), spec.num_kv_heads, 32, spec.head_dim)
     for row, prompt in enumerate(of_row):
@@ -217,6 +257,70 @@ def test_samples_of_a_prompt_share_its_kv_cache(qwen3_weights: SamplingWeights, 
     per_position = spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * 4  # fp32 K and V
     copies = samples * (len(prompt) + new_tokens) * per_position
     assert 0 < peak <= 0.3 * copies
+
+
+def test_requests_with_the_same_prompt_share_its_kv_cache(qwen3_weights: SamplingWeights, tokenizer: Any) -> None:
+    """8 requests of 1 sample each with the same 300-token prompt (an RL group: one request per env) hold at most
+    0.3x the K/V memory of 8 prompt copies, like 8 samples of one request, and sample what each would alone."""
+    prompt = types.ModelInput.from_ints(list(range(1000, 1300)))
+    requests, new_tokens = 8, 16
+    with SamplerEngine() as fresh:
+        alone = [
+            fresh.submit(qwen3_weights, None, prompt, 1, types.SamplingParams(max_tokens=new_tokens, seed=s))
+            .result(timeout=60).sequences[0].tokens
+            for s in range(2)
+        ]  # fmt: skip
+    with SamplerEngine() as fresh:
+        # Holding the engine's lock keeps the worker from admitting until all of them are queued.
+        with fresh._cond:
+            futures = [
+                fresh.submit(qwen3_weights, None, prompt, 1, types.SamplingParams(max_tokens=new_tokens, seed=s))
+                for s in range(requests)
+            ]
+        together = [f.result(timeout=60).sequences[0].tokens for f in futures]
+        peak = fresh.stats().peak_kv_bytes
+    assert together[:2] == alone
+    assert all(len(tokens) == new_tokens for tokens in together)
+    spec = qwen3_weights.decoder.spec
+    per_position = spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * 4  # fp32 K and V
+    copies = requests * (300 + new_tokens) * per_position
+    assert 0 < peak <= 0.3 * copies
+
+
+def test_lora_merged_into_fused_weights_equals_the_merged_parts() -> None:
+    """q|k|v with LoRA deltas on q and v (not k), merged by one addmm per part straight into the fused weight,
+    equals the concatenation of W + scale * (B @ A) computed part by part.
+
+    Both are fp32 sums of the same r + 1 terms in different orders and roundings: each differs from the exact
+    value by at most ~(r + 2) ulp of the terms' magnitudes, bounded here by 4 * (r + 2) * eps * (|W| + scale *
+    |B| @ |A|) elementwise (eps: fp32 machine epsilon).
+    """
+    torch.manual_seed(0)
+    rank, scale, hidden = 8, 2.0, 48
+    shapes = {"q": 48, "k": 16, "v": 16}
+    base = {f"l.{p}_proj.weight": torch.randn(out, hidden) for p, out in shapes.items()}
+    pairs = {
+        f"l.{p}_proj": {"lora_A": torch.randn(rank, hidden), "lora_B": torch.randn(shapes[p], rank)} for p in "qv"
+    }
+    deltas = sampler_model.lora_deltas(pairs, {"r": rank, "lora_alpha": rank * scale})
+    reader = sampler_model._StateReader(base, deltas, torch.float32)
+    fused = reader.fused([f"l.{p}_proj.weight" for p in "qkv"])
+    expected, bound = [], []
+    for p in "qkv":
+        weight = base[f"l.{p}_proj.weight"]
+        pair = pairs.get(f"l.{p}_proj")
+        if pair is None:
+            expected.append(weight)
+            bound.append(torch.zeros_like(weight))
+            continue
+        expected.append(weight + (pair["lora_B"] @ pair["lora_A"]) * scale)
+        magnitude = weight.abs() + scale * (pair["lora_B"].abs() @ pair["lora_A"].abs())
+        bound.append(4 * (rank + 2) * torch.finfo(torch.float32).eps * magnitude)
+    difference = (fused - torch.cat(expected)).abs()
+    assert bool((difference <= torch.cat(bound)).all()), float((difference - torch.cat(bound)).max())
+    assert reader.used == {"l.q_proj.weight", "l.v_proj.weight"}
+    # k had no delta: copied exactly; the base tensors are untouched (they are shared with the trainer).
+    assert torch.equal(fused[48:64], base["l.k_proj.weight"])
 
 
 # --------------------------------------------------------------------------------------------------------------

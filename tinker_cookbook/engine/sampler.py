@@ -11,8 +11,11 @@ How requests run (one background worker thread):
 
 - ``submit`` validates synchronously (``BadRequestError`` naming the field) and queues the request.
 - Between two decode steps the worker prefills newly arrived prompts, several packed into one forward with no
-  padding. A prompt is prefilled once; its K/V are stored once in a prompt pool and read by all its
-  ``num_samples`` samples, each of which keeps only its generated tokens' K/V in its own cache slot.
+  padding (an idle worker first waits a few milliseconds while requests keep arriving, so a burst such as an RL
+  batch's rollouts shares one prefill). A prompt is prefilled once; its K/V are stored once in a prompt pool and
+  read by all its samples, those of every request with that prompt (an RL group sends one request per env), each
+  of which keeps only its generated tokens' K/V in its own cache slot. Their first tokens are drawn together from
+  the prompts' last logits, computed once per distinct prompt.
 - Every decode step advances all active sequences of a weights snapshot together; finished sequences leave the
   batch at once (their slot is refilled by the last sequence), new ones join at the next step.
 
@@ -44,7 +47,8 @@ import os
 import random
 import secrets
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Self
 
@@ -55,7 +59,6 @@ from tinker_cookbook.engine import sampler_model, vision
 from tinker_cookbook.engine.exit_hooks import CloseAtExit
 from tinker_cookbook.engine.sampler_batch import (
     KVPool,
-    PromptEntry,
     PromptPool,
     Sequence,
     finish_reason,
@@ -83,6 +86,12 @@ _DTYPES = {
 _PREFILL_TOKEN_BUDGET = 4096
 # Prompt positions scored per unembedding matmul when prompt logprobs are asked for (bounds [rows, vocab] memory).
 _SCORE_CHUNK = 256
+PromptKey = tuple[tuple[int, ...], Hashable]
+"""A prompt's tokens and the key of its images: requests with equal keys have the same prompt K/V."""
+# An idle engine that receives a request waits while more arrive within this gap (at most the max in all), so a
+# burst of requests shares one prefill; a lone request waits one gap.
+_BURST_GAP_S = 0.003
+_BURST_MAX_S = 0.03
 # How long the exit hook waits for a worker to finish its current step (a prefill is bounded by the token budget).
 EXIT_JOIN_TIMEOUT_S = 10.0
 
@@ -196,8 +205,8 @@ class _Request:
         self.kv: torch.Tensor | None = None
         """The prefilled prompt K/V while some samples wait for a slot."""
 
-        self.prompt_entry: PromptEntry | None = None
-        """The prompt's slot in the prompt pool while some samples are decoding."""
+        self.prompt_key: PromptKey = (tuple(spec.prompt), spec.vision.key if spec.vision is not None else ())
+        """Tokens and images: requests with equal keys have the same prompt K/V (prefilled and stored once)."""
         self.prompt_logprobs: list[float | None] | None = None
         self.topk_prompt_logprobs: list[list[tuple[int, float]] | None] | None = None
 
@@ -242,8 +251,6 @@ class _Batch:
 
     def drop_active(self) -> None:
         """Forget the decoding sequences and free both caches (after a failure, or when the batch is idle)."""
-        for sequence in self.active:
-            sequence.request.prompt_entry = None
         self.active = []
         self.pool.release()
         self.prompts.release()
@@ -332,6 +339,8 @@ class SamplerEngine:
                 with self._cond:
                     while not self._closed and not self._incoming and not self._batches:
                         self._cond.wait()
+                    if not self._batches:
+                        self._gather_burst()
                     if self._closed:
                         break
                     incoming, self._incoming = self._incoming, []
@@ -360,6 +369,21 @@ class SamplerEngine:
             "the sampler was shut down (SamplerEngine.close(), LocalBackend.close() or process exit) before this "
             "request finished; wait for sampling results before closing or exiting"
         ))
+
+    def _gather_burst(self) -> None:
+        """With the lock held, when an idle engine gets requests: wait while more keep coming (each within
+        ``_BURST_GAP_S`` of the last, ``_BURST_MAX_S`` at most), so that a burst, such as an RL batch submitting
+        all its rollouts at once, is prefilled in one forward rather than its first prompt alone, then the rest."""
+        deadline = time.monotonic() + _BURST_MAX_S
+        count = len(self._incoming)
+        while not self._closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._cond.wait(min(_BURST_GAP_S, left))
+            if len(self._incoming) == count:
+                break
+            count = len(self._incoming)
 
     @staticmethod
     def _requests_of(batch: _Batch) -> list[_Request]:
@@ -393,14 +417,16 @@ class SamplerEngine:
     def _prefill(self, batch: _Batch, requests: list[_Request]) -> None:
         """One packed forward over the distinct prompts of ``requests`` (identical prompts are computed once)."""
         decoder = batch.weights.decoder
-        # Keyed by tokens and images: prompts with the same placeholder tokens but other images differ.
-        keys = {id(r): (tuple(r.spec.prompt), r.spec.vision.key if r.spec.vision else ()) for r in requests}
-        prompts = {keys[id(r)]: (r.spec.prompt, r.spec.vision) for r in requests}
+        prompts = {r.prompt_key: (r.spec.prompt, r.spec.vision) for r in requests}
         distinct = list(prompts)
         try:
             limits = batch.weights.limits
             images = limits.vision.pack([prompts[k] for k in distinct]) if limits.vision is not None else None
-            result = sampler_model.prefill(decoder, [list(k[0]) for k in distinct], batch.pool.dtype, images)
+            result = sampler_model.prefill(decoder, [prompts[k][0] for k in distinct], batch.pool.dtype, images)
+            # The last position's hidden state of each distinct prompt: every sample of every request with that
+            # prompt draws its first token from these logits, computed once in one matmul.
+            last_hidden = torch.cat([hidden[-1:] for hidden in result.hidden])
+            last_logits = sampler_model.logits(decoder, last_hidden)
         except Exception as error:  # noqa: BLE001 - isolate the request that breaks the forward
             if len(requests) == 1:
                 self._fail(requests[0], error)
@@ -411,64 +437,87 @@ class SamplerEngine:
         stats = self._stats
         stats.prefill_forwards += 1
         stats.prompts_prefilled += len(distinct)
-        stats.prefill_tokens += sum(len(k[0]) for k in distinct)
+        stats.prefill_tokens += sum(len(prompts[k][0]) for k in distinct)
         stats.max_prompts_per_prefill = max(stats.max_prompts_per_prefill, len(distinct))
-        outputs = {prompt: (kv, hidden) for prompt, kv, hidden in zip(distinct, result.kv, result.hidden, strict=True)}
+        row_of = {key: row for row, key in enumerate(distinct)}
+        started: list[tuple[_Request, int]] = []
         for request in requests:
+            row = row_of[request.prompt_key]
             try:
-                # Requests sharing a prompt share its K/V tensor: it is only ever read (copied into slots).
-                self._start(batch, request, *outputs[keys[id(request)]])
+                self._score_prompt(batch, request, result.hidden[row])
             except Exception as error:  # noqa: BLE001 - one request's failure must not stop the others
                 self._fail(request, error)
+                continue
+            # Requests sharing a prompt share its K/V tensor: it is only ever read (copied into the prompt pool).
+            request.kv = result.kv[row]
+            started.append((request, row))
+        self._first_tokens(batch, started, last_logits, last_hidden)
 
-    def _start(self, batch: _Batch, request: _Request, kv: torch.Tensor, hidden: torch.Tensor) -> None:
-        """Score the prompt if asked, draw every sample's first token, queue the unfinished samples for slots."""
+    def _score_prompt(self, batch: _Batch, request: _Request, hidden: torch.Tensor) -> None:
+        """The prompt logprobs (and top-k) of ``request``, when asked for."""
         spec = request.spec
+        if not (spec.include_prompt_logprobs or spec.topk_prompt_logprobs):
+            return
+        scored, topk = _score_prompt(batch.weights.decoder, hidden, spec.prompt, spec.topk_prompt_logprobs)
+        if spec.vision is not None:  # an image placeholder has no meaningful logprob
+            placeholder = batch.weights.limits.vision.image_token_id  # type: ignore[union-attr]
+            for position in (i for i, t in enumerate(spec.prompt) if t == placeholder):
+                scored[position] = None
+                if topk is not None:
+                    topk[position] = None
+        request.prompt_logprobs = scored if spec.include_prompt_logprobs else None
+        request.topk_prompt_logprobs = topk
+
+    def _first_tokens(self, batch: _Batch, started: list[tuple[_Request, int]], last_logits: torch.Tensor,
+                      last_hidden: torch.Tensor) -> None:
+        """Draw every sample's first token from its prompt's last logits (row ``row`` of ``last_logits``), all
+        requests of a prefill together, and queue the unfinished samples for cache slots."""
         decoder = batch.weights.decoder
-        if spec.include_prompt_logprobs or spec.topk_prompt_logprobs:
-            scored, topk = _score_prompt(decoder, hidden, spec.prompt, spec.topk_prompt_logprobs)
-            if spec.vision is not None:  # an image placeholder has no meaningful logprob
-                placeholder = batch.weights.limits.vision.image_token_id  # type: ignore[union-attr]
-                for position in (i for i, t in enumerate(spec.prompt) if t == placeholder):
-                    scored[position] = None
-                    if topk is not None:
-                        topk[position] = None
-            request.prompt_logprobs = scored if spec.include_prompt_logprobs else None
-            request.topk_prompt_logprobs = topk
-        last = sampler_model.logits(decoder, hidden[-1:])
-        sequences = [
-            Sequence(
-                request=request,
-                index=index,
-                params=spec.row,
-                rng=rng,
-                max_tokens=spec.max_tokens,
-                stop_token_ids=spec.stop_token_ids,
-                stop_strings=spec.stop_strings,
-                prompt_len=len(spec.prompt),
-                rope_delta=spec.vision.rope_delta if spec.vision is not None else 0,
-            )
-            for index, rng in enumerate(request.sample_rngs())
-        ]
-        # All samples share the prompt's last logits; draw in batch-sized chunks to bound the [rows, vocab] memory.
+        sequences: list[tuple[Sequence, int]] = []
+        for request, row in started:
+            spec = request.spec
+            sequences += [
+                (
+                    Sequence(
+                        request=request,
+                        index=index,
+                        params=spec.row,
+                        rng=rng,
+                        max_tokens=spec.max_tokens,
+                        stop_token_ids=spec.stop_token_ids,
+                        stop_strings=spec.stop_strings,
+                        prompt_len=len(spec.prompt),
+                        rope_delta=spec.vision.rope_delta if spec.vision is not None else 0,
+                    ),
+                    row,
+                )
+                for index, rng in enumerate(request.sample_rngs())
+            ]
+        # In batch-sized chunks, to bound the [rows, vocab] memory.
         for start in range(0, len(sequences), self.max_batch_sequences):
             chunk = sequences[start : start + self.max_batch_sequences]
-            uniforms = [s.next_uniform() for s in chunk]
-            tokens, logprobs = select_tokens(
-                last.expand(len(chunk), -1),
-                [s.params for s in chunk],
-                uniforms,
-                lambda chosen: sampler_model.token_logits(decoder, hidden[-1:].expand(len(chosen), -1), chosen),
-            )
-            for sequence, token, logprob in zip(chunk, tokens, logprobs, strict=True):
-                if not self._advance(sequence, token, logprob):
+            rows = torch.tensor([row for _, row in chunk], device=last_logits.device)
+            try:
+                tokens, logprobs = select_tokens(
+                    last_logits[rows],
+                    [s.params for s, _ in chunk],
+                    [s.next_uniform() for s, _ in chunk],
+                    lambda chosen: sampler_model.token_logits(decoder, last_hidden[rows], chosen),  # noqa: B023
+                )
+            except Exception as error:  # noqa: BLE001 - fail the requests of this chunk, not the others
+                for sequence, _ in chunk:
+                    self._fail(sequence.request, error)
+                continue
+            for (sequence, _), token, logprob in zip(chunk, tokens, logprobs, strict=True):
+                if not sequence.request.done and not self._advance(sequence, token, logprob):
                     batch.ready.append(sequence)
-                    request.unplaced += 1
-        if request.unplaced:
-            request.kv = kv
+                    sequence.request.unplaced += 1
+        for request, _ in started:
+            if not request.unplaced:
+                request.kv = None
 
     def _place(self, batch: _Batch) -> None:
-        """Give ready sequences cache slots; each request's prompt K/V go into the prompt pool once."""
+        """Give ready sequences cache slots; each distinct prompt's K/V go into the prompt pool once."""
         placing: list[Sequence] = []
         touched: dict[int, _Request] = {}
         while batch.ready and len(batch.active) + len(placing) < self.max_batch_sequences:
@@ -486,13 +535,11 @@ class SamplerEngine:
         batch.active.extend(placing)
 
     def _store_prompts(self, batch: _Batch, placing: list[Sequence]) -> None:
-        """Put the prompts of ``placing`` into the prompt pool (once per request) and make room for their slots."""
+        """Put the prompts of ``placing`` into the prompt pool (once per distinct prompt, whatever the number of
+        requests and samples continuing it) and make room for their slots."""
         try:
-            new = list({id(s.request): s.request for s in placing if s.request.prompt_entry is None}.values())
-            if new:
-                entries = batch.prompts.add([r.kv for r in new])  # type: ignore[misc]
-                for request, entry in zip(new, entries, strict=True):
-                    request.prompt_entry = entry
+            kvs = {s.request.prompt_key: s.request.kv for s in placing}
+            entries = batch.prompts.add(kvs)  # type: ignore[arg-type]
             generated = max((s.generated_cached for s in batch.active), default=0)
             # New sequences have no generated K/V yet: their slots need no copy (stale values there are masked).
             batch.pool.ensure(
@@ -504,8 +551,8 @@ class SamplerEngine:
                 self._fail(sequence.request, error)
             raise
         for sequence in placing:
-            sequence.prompt = sequence.request.prompt_entry
-            sequence.prompt.users += 1  # type: ignore[union-attr]
+            sequence.prompt = entries[sequence.request.prompt_key]
+            sequence.prompt.users += 1
 
     def _decode(self, batch: _Batch) -> None:
         """Advance every active sequence of ``batch`` by one token."""
@@ -595,7 +642,6 @@ class SamplerEngine:
         entry.users -= 1
         if entry.users == 0:
             batch.prompts.remove(entry)
-            sequence.request.prompt_entry = None
 
     def _fail(self, request: _Request, error: BaseException) -> None:
         if request.done:

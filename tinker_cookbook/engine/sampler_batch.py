@@ -12,7 +12,7 @@ tokens do not depend on which other sequences share its batch.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,11 +155,14 @@ class PromptEntry:
 
     slot: int
     length: int
+    key: Hashable
+    """The prompt's identity (tokens and images): requests with the same key share this entry."""
     users: int = 0
 
 
 class PromptPool:
-    """The K/V of the prompts being continued, one slot per prompt whatever its number of samples.
+    """The K/V of the prompts being continued, one slot per distinct prompt whatever its number of requests and
+    samples.
 
     Slots stay dense (``0..len-1``): a released prompt's slot is refilled by the last one, whose entry is updated.
     """
@@ -167,24 +170,29 @@ class PromptPool:
     def __init__(self, spec: DecoderSpec, dtype: torch.dtype, device: torch.device):
         self.kv = KVPool(spec, dtype, device)
         self.entries: list[PromptEntry] = []
+        self.by_key: dict[Hashable, PromptEntry] = {}
 
-    def add(self, kvs: list[torch.Tensor]) -> list[PromptEntry]:
-        """Store prompts' K/V ``[layers, 2, nkv, len, hd]`` (one growth for all of them)."""
-        used_length = max((e.length for e in self.entries), default=0)
-        length = max([used_length] + [kv.shape[3] for kv in kvs])
-        self.kv.ensure(
-            len(self.entries) + len(kvs), length, used_slots=len(self.entries), used_length=used_length, grows=False
-        )
-        added = []
-        for kv in kvs:
-            entry = PromptEntry(slot=len(self.entries), length=kv.shape[3])
-            self.kv.load(entry.slot, kv)
-            self.entries.append(entry)
-            added.append(entry)
-        return added
+    def add(self, kvs: Mapping[Hashable, torch.Tensor]) -> dict[Hashable, PromptEntry]:
+        """The entries of prompts ``{key: K/V [layers, 2, nkv, len, hd]}``; keys not stored yet are stored (one
+        growth for all of them), the others keep their entry."""
+        new = {key: kv for key, kv in kvs.items() if key not in self.by_key}
+        if new:
+            used_length = max((e.length for e in self.entries), default=0)
+            length = max([used_length] + [kv.shape[3] for kv in new.values()])
+            self.kv.ensure(
+                len(self.entries) + len(new), length, used_slots=len(self.entries), used_length=used_length,
+                grows=False,
+            )
+            for key, kv in new.items():
+                entry = PromptEntry(slot=len(self.entries), length=kv.shape[3], key=key)
+                self.kv.load(entry.slot, kv)
+                self.entries.append(entry)
+                self.by_key[key] = entry
+        return {key: self.by_key[key] for key in kvs}
 
     def remove(self, entry: PromptEntry) -> None:
         """Free ``entry``'s slot (no sequence continues it any more)."""
+        del self.by_key[entry.key]
         last = self.entries.pop()
         if last is not entry:
             self.kv.move(last.slot, entry.slot, last.length)
@@ -209,6 +217,7 @@ class PromptPool:
 
     def release(self) -> None:
         self.entries = []
+        self.by_key = {}
         self.kv.release()
 
 

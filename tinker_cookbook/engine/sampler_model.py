@@ -60,6 +60,8 @@ class DecoderSpec:
 
 
 _PACK_BATCH_HINT = 128
+# The overload itself: calling it skips the packet's overload resolution on each of a decode step's ~120 calls.
+_LINEAR_POINTWISE = torch.ops.mkldnn._linear_pointwise.default
 _packing_works: dict[torch.dtype, bool] = {}
 
 
@@ -109,16 +111,19 @@ class Linear:
 
     def raw(self, x: torch.Tensor) -> torch.Tensor:
         """``x [rows, in]`` -> ``[rows, out]`` in the weight's dtype."""
-        x = x.to(self.weight.dtype)
+        # Conversions only when needed: a decode step makes ~4 calls per layer, each torch call costs microseconds.
+        if x.dtype != self.weight.dtype:
+            x = x.to(self.weight.dtype)
         if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(
-                x.contiguous(), self.weight, self.bias, "none", [None], ""
-            )
+            if not x.is_contiguous():
+                x = x.contiguous()
+            return _LINEAR_POINTWISE(x, self.weight, self.bias, "none", [None], "")
         return F.linear(x, self.weight, self.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """fp32 ``x [rows, in]`` -> fp32 ``[rows, out]``; the matmul runs in the weight's dtype."""
-        return self.raw(x).float()
+        out = self.raw(x)
+        return out if out.dtype == torch.float32 else out.float()
 
     def num_bytes(self) -> int:
         tensors = [self.weight] + ([] if self.bias is None else [self.bias])
@@ -283,10 +288,26 @@ def split_adapter_state(
     return pairs, overrides
 
 
+@dataclass(frozen=True)
+class LoraDelta:
+    """The LoRA update ``scale * left @ right`` of one weight, kept as its low-rank factors until it is merged."""
+
+    left: torch.Tensor
+    """[out, r]"""
+    right: torch.Tensor
+    """[r, in]"""
+    scale: float
+
+    def merge_into(self, out: torch.Tensor, base: torch.Tensor) -> None:
+        """``out = base + scale * left @ right`` in fp32, one pass over ``out`` (a row block of a fused weight)."""
+        left, right = self.left.to(base.device).float(), self.right.to(base.device).float()
+        torch.addmm(base.float(), left, right, alpha=self.scale, out=out)
+
+
 def lora_deltas(
     pairs: Mapping[str, Mapping[str, torch.Tensor]], adapter_config: Mapping[str, Any]
-) -> dict[str, torch.Tensor]:
-    """``{base weight key: scale * B @ A}`` (fp32) for every LoRA pair."""
+) -> dict[str, LoraDelta]:
+    """``{base weight key: scale * B @ A}`` for every LoRA pair (as factors: merged straight into the weights)."""
     if "r" not in adapter_config:
         raise BadRequestError(f"adapter_config has no 'r' (the LoRA rank): {dict(adapter_config)!r}")
     rank = int(adapter_config["r"])
@@ -299,17 +320,18 @@ def lora_deltas(
     if adapter_config.get("use_dora"):
         raise BadRequestError("adapter_config.use_dora=True is not supported by the sampler; use plain LoRA")
     scale = alpha / math.sqrt(rank) if adapter_config.get("use_rslora") else alpha / rank
-    deltas: dict[str, torch.Tensor] = {}
+    deltas: dict[str, LoraDelta] = {}
     for module, pair in pairs.items():
         if "lora_A" in pair and "lora_B" in pair:
-            delta = pair["lora_B"].float() @ pair["lora_A"].float()  # [out, in]
+            delta = LoraDelta(pair["lora_B"], pair["lora_A"], scale)  # [out, r] @ [r, in]
         elif "lora_embedding_A" in pair and "lora_embedding_B" in pair:
-            delta = (pair["lora_embedding_B"].float() @ pair["lora_embedding_A"].float()).T  # [vocab, hidden]
+            # peft's embedding update is (B @ A).T with A [r, vocab], B [hidden, r]: A.T @ B.T, [vocab, hidden].
+            delta = LoraDelta(pair["lora_embedding_A"].T, pair["lora_embedding_B"].T, scale)
         else:
             raise BadRequestError(
                 f"adapter_state has an unpaired LoRA weight for module {module!r}: {sorted(pair)}"
             )
-        deltas[f"{module}.weight"] = delta * scale
+        deltas[f"{module}.weight"] = delta
     return deltas
 
 
@@ -319,25 +341,46 @@ _LORA_PARTS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
 class _StateReader:
     """Reads base tensors with their LoRA delta merged, tracking which deltas were used."""
 
-    def __init__(self, base: Mapping[str, torch.Tensor], deltas: dict[str, torch.Tensor], dtype: torch.dtype):
+    def __init__(self, base: Mapping[str, torch.Tensor], deltas: dict[str, LoraDelta], dtype: torch.dtype):
         self.base = base
         self.deltas = deltas
         self.dtype = dtype
         self.used: set[str] = set()
 
-    def get(self, key: str, *, fallback: str | None = None) -> torch.Tensor:
+    def _base(self, key: str, fallback: str | None) -> torch.Tensor:
         source = key if key in self.base else fallback
         if source is None or source not in self.base:
             raise BadRequestError(
                 f"base_state has no tensor {key!r}; pass the full HF state dict of the base model"
             )
-        tensor = self.base[source].detach()
-        delta = self.deltas.get(key)
-        if delta is None:
-            return tensor.to(self.dtype)
-        self.used.add(key)
-        # Merge in fp32 into a new tensor: the base state is shared with the trainer and must not change.
-        return (tensor.float() + delta.to(tensor.device)).to(self.dtype)
+        return self.base[source].detach()
+
+    def get(self, key: str, *, fallback: str | None = None) -> torch.Tensor:
+        return self.fused([key], fallback=fallback)
+
+    def fused(self, keys: list[str], *, fallback: str | None = None) -> torch.Tensor:
+        """The row-concatenation of the tensors at ``keys`` with their LoRA deltas merged, in the reader's dtype.
+
+        Merged and fused weights are new tensors (the base state is shared with the trainer and must not change),
+        each block written once: ``addmm`` of the base and the LoRA factors straight into it.
+        """
+        tensors = [self._base(key, fallback) for key in keys]
+        deltas = [self.deltas.get(key) for key in keys]
+        if len(keys) == 1 and deltas[0] is None:
+            return tensors[0].to(self.dtype)
+        merging = any(d is not None for d in deltas)
+        shape = (sum(t.shape[0] for t in tensors), *tensors[0].shape[1:])
+        out = torch.empty(shape, dtype=torch.float32 if merging else self.dtype, device=tensors[0].device)
+        row = 0
+        for key, tensor, delta in zip(keys, tensors, deltas, strict=True):
+            block = out[row : row + tensor.shape[0]]
+            row += tensor.shape[0]
+            if delta is None:
+                block.copy_(tensor)
+            else:
+                self.used.add(key)
+                delta.merge_into(block, tensor)
+        return out.to(self.dtype)
 
     def maybe(self, key: str) -> torch.Tensor | None:
         return self.get(key) if key in self.base else None
@@ -367,13 +410,13 @@ def _layer(reader: _StateReader, prefix: str, spec: DecoderSpec) -> LayerWeights
     return LayerWeights(
         input_norm=reader.norm(f"{prefix}input_layernorm.weight").float(),
         qkv=Linear.of(
-            _cat([reader.get(f"{attn}{p}_proj.weight") for p in "qkv"]),  # type: ignore[arg-type]
+            reader.fused([f"{attn}{p}_proj.weight" for p in "qkv"]),
             _cat([reader.maybe(f"{attn}{p}_proj.bias") for p in "qkv"]),
         ),
         o_proj=Linear.of(reader.get(f"{attn}o_proj.weight"), reader.maybe(f"{attn}o_proj.bias")),
         post_norm=reader.norm(f"{prefix}post_attention_layernorm.weight").float(),
         gate_up=Linear.of(
-            _cat([reader.get(f"{mlp}gate_proj.weight"), reader.get(f"{mlp}up_proj.weight")]),  # type: ignore[arg-type]
+            reader.fused([f"{mlp}gate_proj.weight", f"{mlp}up_proj.weight"]),
             _cat([reader.maybe(f"{mlp}gate_proj.bias"), reader.maybe(f"{mlp}up_proj.bias")]),
         ),
         down=Linear.of(reader.get(f"{mlp}down_proj.weight"), reader.maybe(f"{mlp}down_proj.bias")),
@@ -392,7 +435,7 @@ def build_decoder_weights(
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise BadRequestError(f"sampling dtype must be float32, bfloat16 or float16, got {dtype}")
     spec = spec_from_config(config)
-    deltas: dict[str, torch.Tensor] = {}
+    deltas: dict[str, LoraDelta] = {}
     state: Mapping[str, torch.Tensor] = base_state
     if adapter_state:
         if adapter_config is None:
@@ -440,20 +483,24 @@ def build_decoder_weights(
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm in fp32 (x is fp32), the same arithmetic as the HF module."""
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    """RMSNorm in fp32 (x is fp32) over the last dim: ``weight * (x * rsqrt(mean(x^2) + eps))``, the HF module's
+    arithmetic, in one torch call. ``weight [d]``, or ``[heads, d]`` for a per-head weight (q/k norms)."""
+    if weight.dim() == 1:
+        return F.rms_norm(x, weight.shape, weight, eps)
+    return F.rms_norm(x, x.shape[-1:], None, eps) * weight
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [..., tokens, heads, head_dim]`` by per-token ``cos``/``sin`` ``[tokens, head_dim]``."""
+    """Rotate ``x [tokens, heads, head_dim]`` by per-token ``cos``/``sin`` ``[tokens, 1, head_dim]``."""
     half = x.shape[-1] // 2
-    return x * cos[:, None, :] + torch.roll(x, half, dims=-1) * sin_signed[:, None, :]
+    return x * cos + torch.roll(x, half, dims=-1) * sin_signed
 
 
 def _attention_inputs(
     weights: DecoderWeights, layer: LayerWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q ``[T, nh, hd]``, k and v ``[T, nkv, hd]`` (fp32) for hidden states ``h [T, H]``."""
+    """q ``[T, nh, hd]``, k and v ``[T, nkv, hd]`` (fp32) for hidden states ``h [T, H]``; ``cos``/``sin``
+    ``[T, 1, hd]``."""
     spec = weights.spec
     x = rms_norm(h, layer.input_norm, spec.rms_eps)
     qkv = layer.qkv(x)
@@ -471,7 +518,7 @@ def _finish_layer(layer: LayerWeights, h: torch.Tensor, attn: torch.Tensor, eps:
     h = h + layer.o_proj(attn)
     # gate|up stays in the weight dtype: the SiLU product goes straight into the down projection.
     gate, up = layer.gate_up.raw(rms_norm(h, layer.post_norm, eps)).chunk(2, dim=-1)
-    return h + layer.down(F.silu(gate) * up)
+    return h + layer.down(F.silu(gate).mul_(up))
 
 
 def logits(weights: DecoderWeights, h: torch.Tensor, also: torch.Tensor | None = None) -> torch.Tensor:
@@ -543,50 +590,98 @@ class PrefillResult:
     hidden: list[torch.Tensor]
 
 
+MIN_SHARED_PREFIX = 16
+"""Prompts of one prefill that start with at least this many equal tokens compute that prefix once."""
+
+
+def shared_prefix_length(prompts: list[list[int]]) -> int:
+    """The tokens all ``prompts`` start with (each keeping at least one of its own), if at least
+    ``MIN_SHARED_PREFIX`` and there are several prompts; else 0."""
+    if len(prompts) < 2:
+        return 0
+    limit = min(len(p) for p in prompts) - 1
+    length = 0
+    first = prompts[0]
+    while length < limit and all(p[length] == first[length] for p in prompts):
+        length += 1
+    return length if length >= MIN_SHARED_PREFIX else 0
+
+
 @torch.inference_mode()
 def prefill(
     weights: DecoderWeights, prompts: list[list[int]], cache_dtype: torch.dtype, images: PackedVision | None = None
 ) -> PrefillResult:
     """Run several prompts packed into one token matrix; attention is causal within each prompt.
 
+    Text prompts that all start with the same tokens (``shared_prefix_length``: an RL batch's system prompt and
+    few-shot examples) compute that prefix once: it is the first segment of the packed matrix, and each prompt's
+    own tokens attend to its K/V, then to their own, causally. The arithmetic per position is the same; only the
+    attention kernel differs (an explicit mask instead of ``is_causal``), a few ulp.
     ``images`` (Qwen3-VL) puts image features and multimodal rotary positions into the packed prompts.
     """
     spec = weights.spec
     lengths = [len(p) for p in prompts]
-    total = sum(lengths)
+    shared = shared_prefix_length(prompts) if images is None else 0
+    segments = ([prompts[0][:shared]] if shared else []) + [p[shared:] for p in prompts]
+    total = sum(len(segment) for segment in segments)
     device = weights.device
-    tokens = torch.tensor([t for p in prompts for t in p], dtype=torch.long, device=device)
-    positions = torch.cat([torch.arange(n, device=device) for n in lengths])
+    tokens = torch.tensor([t for segment in segments for t in segment], dtype=torch.long, device=device)
+    positions = torch.cat(
+        ([torch.arange(shared, device=device)] if shared else [])
+        + [torch.arange(shared, n, device=device) for n in lengths]
+    )
     cos_table, sin_table = weights.rope_tables(max(lengths))
     cos, sin = cos_table[positions], sin_table[positions]
     kv = [
         torch.empty(spec.num_layers, 2, spec.num_kv_heads, n, spec.head_dim, dtype=cache_dtype, device=device)
         for n in lengths
     ]
-    starts = [0]
+    starts = [shared]  # each prompt's own tokens, after the shared prefix (if any) at rows 0..shared-1
     for n in lengths:
-        starts.append(starts[-1] + n)
+        starts.append(starts[-1] + n - shared)
+    # Prompt i's own row r (position shared + r) attends to positions 0..shared + r.
+    masks = {
+        n: torch.arange(n, device=device)[None, :] <= torch.arange(shared, n, device=device)[:, None]
+        for n in set(lengths)
+    } if shared else {}
     h = weights.embed[tokens].float()
     if images is not None:
         h, cos, sin = images.inputs(h, cos, sin)
+    cos, sin = cos[:, None, :], sin[:, None, :]  # broadcast over heads
     attn = torch.empty(total, spec.num_heads * spec.head_dim, dtype=torch.float32, device=device)
     for index, layer in enumerate(weights.layers):
         q, k, v = _attention_inputs(weights, layer, h, cos, sin)
         if cache_dtype != torch.float32:
             # Attend to the K/V as decode will read them back from the cache: both paths see the same values.
             k, v = k.to(cache_dtype).float(), v.to(cache_dtype).float()
-        for i, (start, end) in enumerate(itertools.pairwise(starts)):
-            k_i, v_i = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)  # [nkv, len, hd]
-            kv[i][index, 0].copy_(k_i)
-            kv[i][index, 1].copy_(v_i)
+        if shared:
+            k_p, v_p = k[:shared].transpose(0, 1), v[:shared].transpose(0, 1)  # [nkv, shared, hd]
             out = F.scaled_dot_product_attention(
-                q[start:end].transpose(0, 1)[None], k_i[None], v_i[None], is_causal=True, enable_gqa=True
+                q[:shared].transpose(0, 1)[None], k_p[None], v_p[None], is_causal=True, enable_gqa=True
             )
+            attn[:shared] = out[0].transpose(0, 1).reshape(shared, -1)
+        for i, (start, end) in enumerate(itertools.pairwise(starts)):
+            k_i, v_i = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)  # [nkv, own, hd]
+            if shared:
+                kv[i][index, 0, :, :shared].copy_(k_p)
+                kv[i][index, 1, :, :shared].copy_(v_p)
+            kv[i][index, 0, :, shared:].copy_(k_i)
+            kv[i][index, 1, :, shared:].copy_(v_i)
+            q_i = q[start:end].transpose(0, 1)[None]
+            if shared:
+                keys, values = _fp32(kv[i][index, 0])[None], _fp32(kv[i][index, 1])[None]
+                out = F.scaled_dot_product_attention(
+                    q_i, keys, values, attn_mask=masks[lengths[i]], enable_gqa=True
+                )
+            else:
+                out = F.scaled_dot_product_attention(q_i, k_i[None], v_i[None], is_causal=True, enable_gqa=True)
             attn[start:end] = out[0].transpose(0, 1).reshape(end - start, -1)
         h = _finish_layer(layer, h, attn, spec.rms_eps)
         if images is not None:
             h = images.after_layer(index, h)
-    return PrefillResult(kv=kv, hidden=[h[s:e] for s, e in itertools.pairwise(starts)])
+    own = [h[s:e] for s, e in itertools.pairwise(starts)]
+    hidden = [torch.cat([h[:shared], mine]) for mine in own] if shared else own
+    return PrefillResult(kv=kv, hidden=hidden)
 
 
 @dataclass
@@ -607,7 +702,7 @@ class _PromptGroups:
     """The decode rows grouped by prompt, padded to the largest group (pads repeat row 0 and are never read)."""
 
     prompts: torch.Tensor | None
-    """The prompt slots in use this step, or None when every slot of the cache is in use."""
+    """The prompt slots in use this step, or None when they are slots ``0..count-1`` (read as a slice, no copy)."""
 
     size: int
     """Rows per group after padding."""
@@ -623,6 +718,14 @@ class _PromptGroups:
 
     length: int
     """The longest prompt in use: how many cached positions are read."""
+
+    identity: bool
+    """Row ``i`` is the only one continuing the ``i``-th prompt in use (e.g. batch 1): rows need no regrouping."""
+
+    @property
+    def count(self) -> int:
+        """Prompts in use."""
+        return self.bias.shape[0]
 
 
 def _group_rows(shared: SharedPrompts) -> _PromptGroups:
@@ -642,14 +745,16 @@ def _group_rows(shared: SharedPrompts) -> _PromptGroups:
     length = int(lengths.max())
     past = torch.arange(length, device=of_row.device)[None, :] >= lengths[:, None]
     bias = torch.zeros(past.shape, dtype=torch.float32, device=of_row.device).masked_fill_(past, -math.inf)
-    all_used = count == shared.cache.shape[2]  # used is sorted: then it is 0..count-1
+    dense = int(used[-1]) == count - 1  # used is sorted and distinct: then it is 0..count-1
+    identity = size == 1 and bool((group == torch.arange(group.shape[0], device=of_row.device)).all())
     return _PromptGroups(
-        prompts=None if all_used else used,
+        prompts=None if dense else used,
         size=size,
         padded=padded,
         position=position,
         bias=bias[:, None, None, :],
         length=length,
+        identity=identity,
     )
 
 
@@ -675,7 +780,7 @@ def decode(
     n = tokens.shape[0]
     rope = positions if rope_positions is None else rope_positions
     cos_table, sin_table = weights.rope_tables(int(rope.max()) + 1)
-    cos, sin = cos_table[rope], sin_table[rope]
+    cos, sin = cos_table[rope][:, None, :], sin_table[rope][:, None, :]  # [n, 1, hd]: broadcast over heads
     local = positions if shared is None else positions - shared.lengths[shared.of_row]
     groups = None if shared is None else _group_rows(shared)
     _, _, _, heads, capacity, head_dim = cache.shape
@@ -683,6 +788,8 @@ def decode(
     # index_copy_ of whole rows is much cheaper than advanced-index assignment into the 4-d view.
     rows = torch.arange(n, device=tokens.device)[:, None] * heads + torch.arange(heads, device=tokens.device)
     rows = (rows * capacity + local[:, None]).reshape(-1)
+    # The same rows in the V half of a layer's [2, slots, heads, capacity, hd] block: K and V written in one copy.
+    rows = torch.cat([rows, rows + cache.shape[2] * heads * capacity])
     # Additive mask [n, 1, 1, attend_len]: 0 where sequence i has a cached position, -inf beyond it.
     beyond = torch.arange(attend_len, device=tokens.device)[None, :] > local[:, None]
     bias = torch.zeros(beyond.shape, dtype=torch.float32, device=tokens.device).masked_fill_(beyond, -math.inf)
@@ -690,9 +797,10 @@ def decode(
     h = weights.embed[tokens].float()
     for index, layer in enumerate(weights.layers):
         q, k, v = _attention_inputs(weights, layer, h, cos, sin)
-        keys, values = cache[index, 0], cache[index, 1]
-        keys.view(-1, head_dim).index_copy_(0, rows, k.reshape(-1, head_dim).to(cache.dtype))
-        values.view(-1, head_dim).index_copy_(0, rows, v.reshape(-1, head_dim).to(cache.dtype))
+        layer_cache = cache[index]
+        new = torch.stack((k, v)).view(-1, head_dim)
+        layer_cache.view(-1, head_dim).index_copy_(0, rows, new if new.dtype == cache.dtype else new.to(cache.dtype))
+        keys, values = layer_cache[0], layer_cache[1]
         own = (keys[:n, :, :attend_len], values[:n, :, :attend_len], bias)
         if shared is None or groups is None:
             out = _decode_attention(q, *own)
@@ -700,10 +808,17 @@ def decode(
             prompt_keys, prompt_values = shared.cache[index, 0], shared.cache[index, 1]
             if groups.prompts is not None:
                 prompt_keys, prompt_values = prompt_keys[groups.prompts], prompt_values[groups.prompts]
+            else:
+                prompt_keys, prompt_values = prompt_keys[: groups.count], prompt_values[: groups.count]
             prompt = (prompt_keys[:, :, : groups.length], prompt_values[:, :, : groups.length])
             out = _shared_decode_attention(q, *own, *prompt, groups)
         h = _finish_layer(layer, h, out, spec.rms_eps)
     return h
+
+
+def _fp32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in fp32 (no torch call when it is already: the CPU cache is fp32)."""
+    return x if x.dtype == torch.float32 else x.float()
 
 
 def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -716,7 +831,7 @@ def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     n, num_heads, head_dim = q.shape
     num_kv = keys.shape[1]
     grouped = q.view(n, num_kv, num_heads // num_kv, head_dim)  # the query heads sharing each K/V head
-    keys, values = keys.float(), values.float()  # no-op for an fp32 cache
+    keys, values = _fp32(keys), _fp32(values)
     scores = torch.matmul(grouped, keys.transpose(-1, -2)).mul_(head_dim**-0.5).add_(bias)
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, values).reshape(n, num_heads * head_dim)
@@ -742,19 +857,23 @@ def _shared_decode_attention(
     count, size, length = groups.bias.shape[0], groups.size, groups.length
 
     def to_groups(x: torch.Tensor) -> torch.Tensor:  # [n, nkv, per_kv, X] -> [groups, nkv, size * per_kv, X]
+        if groups.identity:
+            return x
         x = x[groups.padded].view(count, size, num_kv, per_kv, -1)
         return x.transpose(1, 2).reshape(count, num_kv, size * per_kv, -1)
 
     def to_rows(x: torch.Tensor) -> torch.Tensor:  # the inverse of to_groups
+        if groups.identity:
+            return x
         x = x.view(count, num_kv, size, per_kv, -1).transpose(1, 2).reshape(count * size, num_kv, per_kv, -1)
         return x[groups.position]
 
     grouped = q.view(n, num_kv, per_kv, head_dim)
     scale = head_dim**-0.5
-    prompt_scores = torch.matmul(to_groups(grouped), prompt_keys.float().transpose(-1, -2)).mul_(scale)
+    prompt_scores = torch.matmul(to_groups(grouped), _fp32(prompt_keys).transpose(-1, -2)).mul_(scale)
     prompt_scores = to_rows(prompt_scores.add_(groups.bias))
-    own_scores = torch.matmul(grouped, keys.float().transpose(-1, -2)).mul_(scale).add_(bias)
+    own_scores = torch.matmul(grouped, _fp32(keys).transpose(-1, -2)).mul_(scale).add_(bias)
     probs = torch.softmax(torch.cat([prompt_scores, own_scores], dim=-1), dim=-1)
-    out = torch.matmul(probs[..., length:], values.float())
-    out += to_rows(torch.matmul(to_groups(probs[..., :length]), prompt_values.float()))
+    out = torch.matmul(probs[..., length:], _fp32(values))
+    out += to_rows(torch.matmul(to_groups(probs[..., :length]), _fp32(prompt_values)))
     return out.reshape(n, num_heads * head_dim)
