@@ -95,13 +95,18 @@ def _assert_same(batched: Any, solo: Any, what: str) -> None:
     if isinstance(batched, types.ForwardBackwardOutput):
         assert isinstance(solo, types.ForwardBackwardOutput)
         torch.testing.assert_close(batched.metrics["loss:sum"], solo.metrics["loss:sum"], rtol=1e-5, atol=1e-4,
-                                   msg=lambda m: f"{what} loss: {m}")
+                                   msg=_label(f"{what} loss"))
         for i, (b, s) in enumerate(zip(_logprobs(batched), _logprobs(solo), strict=True)):
-            torch.testing.assert_close(b, s, rtol=0, atol=1e-4, msg=lambda m, i=i: f"{what} logprobs[{i}]: {m}")
+            torch.testing.assert_close(b, s, rtol=0, atol=1e-4, msg=_label(f"{what} logprobs[{i}]"))
     else:
         assert batched.keys() == solo.keys()
         for k in batched:
-            torch.testing.assert_close(batched[k], solo[k], rtol=0, atol=1e-3 * ADAM.learning_rate, msg=lambda m, k=k: f"{what} {k}: {m}")
+            torch.testing.assert_close(batched[k], solo[k], rtol=0, atol=1e-3 * ADAM.learning_rate,
+                                       msg=_label(f"{what} {k}"))
+
+
+def _label(what: str) -> Callable[[str], str]:
+    return lambda message: f"{what}: {message}"
 
 
 def _submit_steps(clients: dict[int, tinker.TrainingClient], steps: int) -> dict[int, list[Any]]:

@@ -3,7 +3,8 @@
 ``BaseModel`` holds one base model's weights once per process (roadmap: many adapters on one base). Each
 training client is a ``TrainingSession``: a named peft adapter on that base, its AdamW state and its pending
 gradients. Sessions never see each other's parameters: the engine runs one request at a time and activates the
-request's adapter first.
+request's adapter first, or runs built-in-loss requests of several sessions in one pass (``forward_together``)
+with each row routed through its own session's adapter (``multi_lora``).
 
 Memory: a sequence's logprobs are computed from the final hidden states in token chunks, each chunk's loss
 backpropagated to the hidden states before the next chunk's logits exist, so full-vocabulary fp32 logits (and
