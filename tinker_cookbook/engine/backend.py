@@ -167,7 +167,7 @@ class LocalBackend:
                     return []
                 seen, partners = {request.run_id}, []
                 for queued in self._queue:
-                    if queued.run_id is None:
+                    if queued.run_id is None or len(seen) >= len(self._sessions):  # a barrier, or all sessions seen
                         break
                     if queued.run_id in seen:
                         continue

@@ -3,9 +3,10 @@
 peft applies its active adapter(s) to every row of a batch, and its per-row ``adapter_names`` refuses training
 mode, so a mixed pass works around it: every peft LoRA layer computes the base output only (no active adapter),
 and a forward hook adds each adapter's delta ``lora_B(lora_A(x)) * scaling`` on its own contiguous segment of rows
-(rows are sorted by adapter). The result is rebuilt with ``torch.cat`` (no in-place writes), so autograd sends each
-segment's gradient to that adapter's parameters only. The math per row is peft's ``lora.Linear.forward`` for one
-vanilla adapter: the same input cast, the same modules, the same scaling, under the same autocast.
+(rows are sorted by adapter): the segments' deltas are concatenated with ``torch.cat`` and added to the base output
+(no in-place writes), so autograd sends each segment's gradient to that adapter's parameters only. The math per
+row is peft's ``lora.Linear.forward`` for one vanilla adapter: the same input cast, the same modules, the same
+scaling, the same sum, under the same autocast.
 
 Adapters of different ranks mix freely (each delta uses its own matrices), and so do different target sets: a layer
 an adapter does not target adds nothing to its rows, which is exactly what peft does for that adapter alone.
@@ -97,21 +98,28 @@ def row_segments(layers: Sequence[Any], segments: Sequence[tuple[str, int]]) -> 
     Needs every adapted layer to see the batch rows on dim 0 (true of dense decoders, whose projections take
     [rows, tokens, features]); a layer that sees another row count is an engine bug and raises.
     """
-    rows = sum(count for _, count in segments)
+    counts = [count for _, count in segments]
+    rows = sum(counts)
 
     def hook(layer: Any, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
-        x = args[0]
-        if x.shape[0] != rows or output.shape[0] != rows:
+        x = args[0] if args else None
+        if x is None or x.shape[0] != rows or output.shape[0] != rows:
             raise RuntimeError(f"a mixed-adapter pass expected {rows} rows at {type(layer).__name__}, got input "
-                               f"{list(x.shape)} and output {list(output.shape)}")
-        pieces, start = [], 0
-        for name, count in segments:
-            part = output[start:start + count]
-            if name in layer.lora_A:
-                part = (part + delta(layer, name, x[start:start + count])).to(output.dtype)
-            pieces.append(part)
-            start += count
-        return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+                               f"{None if x is None else list(x.shape)} and output {list(output.shape)}")
+        # split (views; its backward concatenates the pieces' gradients) rather than slicing, whose backward
+        # would build a zero-filled gradient of the whole input per segment.
+        parts = torch.split(x, counts)
+        deltas: list[torch.Tensor | None] = [
+            delta(layer, name, part) if name in layer.lora_A else None
+            for (name, _), part in zip(segments, parts, strict=True)
+        ]
+        present = [d for d in deltas if d is not None]
+        if not present:
+            return output
+        # Rows of an adapter that does not target this layer get + 0, which leaves every value as it is.
+        filled = [d if d is not None else present[0].new_zeros((count, *present[0].shape[1:]))
+                  for d, count in zip(deltas, counts, strict=True)]
+        return (output + torch.cat(filled)).to(output.dtype)
 
     handles = [layer.register_forward_hook(hook) for layer in layers]
     try:
