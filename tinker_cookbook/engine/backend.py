@@ -6,6 +6,14 @@ order, which gives each client the ordering guarantee of the API (and lets ``for
 ``optim_step`` be submitted back to back). Sampling runs on the sampler's own thread, batching concurrent
 requests.
 
+Clients on one base share a pass through it: when the worker starts a built-in-loss ``forward`` or
+``forward_backward``, it takes along the queued requests of the same kind of other sessions that are next in their
+session's order (nothing of that session queued before them, and no request that belongs to no session, such as
+creating a client, queued before them), and runs them together (``training.forward_together``: each row through its
+own adapter, results per request as if alone). Requests of different sessions are independent (the base is
+frozen), so this reorders nothing that any client can observe; a taken request's future is completed in its own
+turn in the queue.
+
 Lifetime: ``close()`` stops both threads. At interpreter exit the training requests already submitted still run
 (the worker is an ordinary thread that Python joins, so a ``save_state`` queued just before exit completes, as
 it would on a server); then exit hooks stop the sampler (its pending requests fail) and close the engine.
@@ -20,6 +28,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -29,7 +38,15 @@ from tinker_cookbook.engine import device as engine_devices
 from tinker_cookbook.engine import models
 from tinker_cookbook.engine.checkpoint_store import CheckpointKind, CheckpointStore
 from tinker_cookbook.engine.exit_hooks import CloseAtExit
-from tinker_cookbook.engine.training import BaseModel, CustomLossFn, TrainingSession, read_sampler_adapter
+from tinker_cookbook.engine.training import (
+    BaseModel,
+    CustomLossFn,
+    ForwardRequest,
+    Outcome,
+    TrainingSession,
+    forward_together,
+    read_sampler_adapter,
+)
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import (
     BadRequestError,
@@ -52,6 +69,17 @@ class SamplerHandle:
         self.model_path = model_path
 
 
+@dataclass(eq=False)
+class _Queued:
+    """A training request in the worker's queue (``LocalBackend._queue``, in submission order)."""
+
+    fn: Callable[[], Any]
+    run_id: str | None  # the session whose order it keeps; None: no session's (it keeps everyone's)
+    forward: ForwardRequest | None = None  # a built-in-loss forward(_backward), which may run with others
+    taken: bool = False  # ran inside another request's batch; its outcome waits for its own turn
+    outcome: Outcome | None = None
+
+
 class LocalBackend:
     _defaults: ClassVar[dict[str, LocalBackend]] = {}
     _default_lock = threading.Lock()
@@ -70,6 +98,10 @@ class LocalBackend:
         self._worker_ident: int | None = None
         self._submitting = threading.local()
         self._collected: collections.deque[str] = collections.deque()
+        # What the worker has yet to start, in submission order (it looks ahead here for requests to batch).
+        self._queue: collections.deque[_Queued] = collections.deque()
+        self._queue_lock = threading.Lock()
+        self.batched_requests = 0  # requests that ran in a pass shared with other sessions' requests
         _open_backends.add(self)
 
     @classmethod
@@ -86,30 +118,99 @@ class LocalBackend:
 
     def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
         """Run ``fn`` on the engine thread after everything submitted before it."""
-        future = self._enqueue(fn)
+        return self._submit(_Queued(fn, None))
+
+    def _submit(self, request: _Queued) -> concurrent.futures.Future[Any]:
+        future = self._enqueue(request)
         self._flush_collected()
         return future
 
-    def _enqueue(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+    def _enqueue(self, request: _Queued) -> concurrent.futures.Future[Any]:
         if self._closed:
             raise RequestFailedError(_CLOSED_MESSAGE)
         self._submitting.active = True
         try:
-            return self._worker.submit(self._run_request, fn)
+            # One lock over both queues keeps them in the same order.
+            with self._queue_lock:
+                future = self._worker.submit(self._run_request, request)
+                self._queue.append(request)
+                return future
         except RuntimeError as exc:  # the executor was shut down meanwhile (close() or interpreter exit)
             raise RequestFailedError(_CLOSED_MESSAGE) from exc
         finally:
             self._submitting.active = False
 
-    def _run_request(self, fn: Callable[[], T]) -> T:
+    def _run_request(self, request: _Queued) -> Any:
         self._worker_ident = threading.get_ident()
+        if request.taken:  # it already ran, in an earlier request's batch
+            return _result(request.outcome)
+        partners = self._start(request)
         if self._closed:
             raise RequestFailedError(f"{_CLOSED_MESSAGE} (this request was queued but had not started)")
-        return _as_api_error(fn)
+        if request.forward is None or not partners:
+            return _as_api_error(request.fn)
+        return _result(self._run_together([request, *partners])[0])
+
+    def _start(self, request: _Queued) -> list[_Queued]:
+        """Take ``request`` off the queue, with the queued requests that can run in one pass with it (none if it
+        is not a built-in-loss forward): per session the first one still queued, if it is of the same kind, and
+        nothing behind a request of no session. They are marked taken, so that their own turn only reports."""
+        was_submitting = getattr(self._submitting, "active", False)
+        self._submitting.active = True  # a collector run here only queues its release (the lock is not reentrant)
+        try:
+            with self._queue_lock:
+                if self._queue and self._queue[0] is request:
+                    self._queue.popleft()
+                else:  # never expected: the executor runs requests in the order they were queued
+                    self._queue.remove(request)
+                if request.forward is None or self._closed:
+                    return []
+                seen, partners = {request.run_id}, []
+                for queued in self._queue:
+                    if queued.run_id is None or len(seen) >= len(self._sessions):  # a barrier, or all sessions seen
+                        break
+                    if queued.run_id in seen:
+                        continue
+                    seen.add(queued.run_id)
+                    if queued.forward is not None and queued.forward.backward == request.forward.backward:
+                        partners.append(queued)
+                for partner in partners:
+                    self._queue.remove(partner)
+                    partner.taken = True
+                return partners
+        finally:
+            self._submitting.active = was_submitting
+            if not was_submitting:
+                self._flush_collected()
+
+    def _run_together(self, requests: list[_Queued]) -> list[Outcome]:
+        """Run built-in-loss forwards of different sessions in one batch; each taken request gets its outcome."""
+        outcomes: list[Outcome]
+        try:
+            sessions, runnable = [], []
+            outcomes = [RuntimeError("unset")] * len(requests)
+            for i, request in enumerate(requests):
+                assert request.run_id is not None and request.forward is not None
+                try:
+                    sessions.append((self._session(request.run_id), request.forward))
+                    runnable.append(i)
+                except TinkerError as exc:
+                    outcomes[i] = exc
+            results, mixed = forward_together(sessions)
+            self.batched_requests += mixed
+            for i, outcome in zip(runnable, results, strict=True):
+                outcomes[i] = outcome
+            outcomes = [_api_outcome(o) for o in outcomes]
+        except BaseException as exc:  # an engine failure outside any one request: every one of them fails
+            failure = _api_outcome(exc) if isinstance(exc, Exception) else exc
+            outcomes = [failure] * len(requests)
+        for request, outcome in zip(requests, outcomes, strict=True):
+            request.outcome = outcome
+        return outcomes
 
     def submit_session(self, run_id: str, fn: Callable[[TrainingSession], T]) -> concurrent.futures.Future[T]:
         """Run ``fn(session)`` on the engine thread, in order (the implementation of every training request)."""
-        return self.submit(lambda: fn(self._session(run_id)))
+        return self._submit(_Queued(lambda: fn(self._session(run_id)), run_id))
 
     def _session(self, run_id: str) -> TrainingSession:
         if run_id not in self._sessions:
@@ -182,7 +283,7 @@ class LocalBackend:
             done: concurrent.futures.Future[None] = concurrent.futures.Future()
             done.set_result(None)
             return done
-        return self.submit(lambda: self._drop_session(run_id))
+        return self._submit(_Queued(lambda: self._drop_session(run_id), run_id))
 
     def _drop_session(self, run_id: str) -> None:
         session = self._sessions.pop(run_id, None)
@@ -212,7 +313,7 @@ class LocalBackend:
             except IndexError:
                 return
             try:
-                self._enqueue(functools.partial(self._drop_session, run_id))
+                self._enqueue(_Queued(functools.partial(self._drop_session, run_id), run_id))
             except RequestFailedError:  # closed meanwhile: the sessions went with the engine
                 return
 
@@ -238,7 +339,12 @@ class LocalBackend:
 
     def forward(self, run_id: str, data: list[types.Datum], loss_fn: str, loss_fn_config: dict[str, float] | None,
                 backward: bool) -> concurrent.futures.Future[types.ForwardBackwardOutput]:
-        return self.submit_session(run_id, lambda s: s.forward(data, loss_fn, loss_fn_config, backward=backward))
+        request = ForwardRequest(data, loss_fn, loss_fn_config, backward)
+        run = functools.partial(self._forward_alone, run_id, request)
+        return self._submit(_Queued(run, run_id, forward=request))
+
+    def _forward_alone(self, run_id: str, request: ForwardRequest) -> types.ForwardBackwardOutput:
+        return self._session(run_id).forward(request.data, request.loss_fn, request.loss_fn_config, request.backward)
 
     def forward_backward_custom(self, run_id: str, data: list[types.Datum], loss_fn: CustomLossFn
                                 ) -> concurrent.futures.Future[types.ForwardBackwardOutput]:
@@ -353,6 +459,24 @@ def _mark_closed_at_exit(backend: LocalBackend) -> None:
 
 
 _open_backends: CloseAtExit[LocalBackend] = CloseAtExit(_mark_closed_at_exit)
+
+
+def _result(outcome: Outcome | None) -> Any:
+    """A request's result from its recorded outcome (raising it if it is an exception)."""
+    if outcome is None:
+        raise InternalServerError("the engine lost the outcome of a batched request (an engine bug)")
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
+def _api_outcome(outcome: Outcome) -> Outcome:
+    """An outcome with any exception turned into an API error, as ``_as_api_error`` would."""
+    if not isinstance(outcome, Exception) or isinstance(outcome, TinkerError):
+        return outcome
+    error = InternalServerError(f"the engine failed: {type(outcome).__name__}: {outcome}")
+    error.__cause__ = outcome
+    return error
 
 
 def _as_api_error(fn: Callable[[], T]) -> T:

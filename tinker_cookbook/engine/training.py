@@ -3,7 +3,8 @@
 ``BaseModel`` holds one base model's weights once per process (roadmap: many adapters on one base). Each
 training client is a ``TrainingSession``: a named peft adapter on that base, its AdamW state and its pending
 gradients. Sessions never see each other's parameters: the engine runs one request at a time and activates the
-request's adapter first.
+request's adapter first, or runs built-in-loss requests of several sessions in one pass (``forward_together``)
+with each row routed through its own session's adapter (``multi_lora``).
 
 Memory: a sequence's logprobs are computed from the final hidden states in token chunks, each chunk's loss
 backpropagated to the hidden states before the next chunk's logits exist, so full-vocabulary fp32 logits (and
@@ -28,7 +29,7 @@ import safetensors.torch
 import torch
 from transformers import PreTrainedModel
 
-from tinker_cookbook.engine import losses, vision
+from tinker_cookbook.engine import losses, multi_lora, vision
 from tinker_cookbook.engine.device import fast_fp32_matmuls
 from tinker_cookbook.engine.models import ModelSpec
 from tinker_cookbook.engine.optimizer import AdamW, InvalidState, NonFiniteStep
@@ -166,6 +167,44 @@ class DatumTensors:
     images: tuple[vision.PreparedImage, ...] = ()
 
 
+@dataclass(frozen=True)
+class ForwardRequest:
+    """A ``forward`` / ``forward_backward`` request with a built-in loss, as the client sent it (unchecked)."""
+
+    data: Any
+    loss_fn: str
+    loss_fn_config: dict[str, float] | None
+    backward: bool
+
+
+@dataclass
+class _PreparedForward:
+    """A validated built-in-loss request: its session, loss and data tensors."""
+
+    session: TrainingSession
+    request: ForwardRequest
+    spec: losses.LossSpec
+    config: dict[str, float]
+    batch: list[DatumTensors]
+
+    def token_losses(self) -> list[TokenLoss]:
+        def token_loss(item: DatumTensors) -> TokenLoss:
+            return lambda logp, span: self.spec.fn(logp, {k: v[span] for k, v in item.inputs.items()}, self.config)
+
+        return [token_loss(item) for item in self.batch]
+
+    def output(self, logps: list[torch.Tensor], totals: list[float] | None) -> types.ForwardBackwardOutput:
+        """The response; ``totals`` (the per-datum losses of a backward pass) or None: computed from the logprobs."""
+        if totals is None:
+            totals = [float(self.spec.fn(lp, item.inputs, self.config)) for lp, item in zip(logps, self.batch,
+                                                                                            strict=True)]
+        return types.ForwardBackwardOutput(
+            loss_fn_output_type=self.request.loss_fn,
+            loss_fn_outputs=[{"logprobs": types.TensorData.from_torch(lp.float())} for lp in logps],
+            metrics={"loss:sum": sum(totals)},
+        )
+
+
 @dataclass
 class TrainingSession:
     """One training client's adapter, optimizer and pending gradients."""
@@ -266,8 +305,8 @@ class TrainingSession:
 
     # -- forward passes ---------------------------------------------------------------------------------
 
-    def _run_group(self, model: Any, items: list[DatumTensors], token_losses: list[TokenLoss] | None
-                   ) -> tuple[list[torch.Tensor], list[float]]:
+    def _run_group(self, model: Any, items: list[DatumTensors], token_losses: list[TokenLoss] | None,
+                   row_adapters: list[str] | None = None) -> tuple[list[torch.Tensor], list[float]]:
         """Logprobs of each item's targets (and, with ``token_losses``, backpropagate them); one padded pass.
 
         Items are right-padded into one batch. Under causal attention a real token only sees earlier, real
@@ -275,6 +314,9 @@ class TrainingSession:
         row by row, chunk by chunk, on a detached copy of the hidden states: each chunk's logits live only while
         that chunk's loss is backpropagated into the hidden states, which finally flow through the decoder in one
         backward. Exact because every loss here is a sum of per-token terms; no logits are recomputed.
+
+        ``row_adapters`` (a mixed pass, inside ``multi_lora.no_active_adapter``): the adapter of each row, equal
+        names contiguous; rows then use their own adapter, in the decoder and in the head. None: the active one.
         """
         grad = token_losses is not None
         width = max(len(item.input_ids) for item in items)
@@ -285,6 +327,9 @@ class TrainingSession:
         with torch.set_grad_enabled(grad), self.base.autocast():
             if images:
                 hidden = vision.language_hidden(model, ids, images)
+            elif row_adapters is not None:
+                with multi_lora.row_segments(_lora_layers(self.base), _segments(row_adapters)):
+                    hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
             else:
                 hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
         # The unembedding and log-softmax run in fp32 outside autocast: logprobs are what the losses and RL's
@@ -294,10 +339,11 @@ class TrainingSession:
         logps, totals = [], []
         for row, item in enumerate(items):
             targets, pieces, total = item.inputs["target_tokens"], [], 0.0
+            row_head = head if row_adapters is None else multi_lora.with_adapter(head, row_adapters[row])
             for start in range(0, len(targets), LOGPROB_CHUNK_TOKENS):
                 span = slice(start, min(start + LOGPROB_CHUNK_TOKENS, len(targets)))
                 with torch.set_grad_enabled(grad):
-                    logp = _chunk_logprobs(head, leaf[row, span], targets[span])
+                    logp = _chunk_logprobs(row_head, leaf[row, span], targets[span])
                     if token_losses is not None:
                         loss = token_losses[row](logp, span)
                         if loss.requires_grad:
@@ -326,27 +372,27 @@ class TrainingSession:
     def forward(
         self, data: list[types.Datum], loss_fn: str, loss_fn_config: dict[str, float] | None, backward: bool
     ) -> types.ForwardBackwardOutput:
-        spec = losses.get_loss(loss_fn)
-        config = losses.resolve_config(loss_fn, loss_fn_config)
-        batch = self._validate(data, spec.required_inputs)
-        model = self.base.activate(self.run_id)
-        if backward:
-            def token_loss(item: DatumTensors) -> TokenLoss:
-                return lambda logp, span: spec.fn(logp, {k: v[span] for k, v in item.inputs.items()}, config)
+        return self._run_prepared(self._prepare_forward(ForwardRequest(data, loss_fn, loss_fn_config, backward)))
 
+    def _prepare_forward(self, request: ForwardRequest) -> _PreparedForward:
+        """Everything about a built-in-loss request that can be refused before the model runs."""
+        spec = losses.get_loss(request.loss_fn)
+        config = losses.resolve_config(request.loss_fn, request.loss_fn_config)
+        batch = self._validate(request.data, spec.required_inputs)
+        return _PreparedForward(self, request, spec, config, batch)
+
+    def _run_prepared(self, prepared: _PreparedForward) -> types.ForwardBackwardOutput:
+        """One built-in-loss request on its own: the session's adapter active on every row."""
+        model = self.base.activate(self.run_id)
+        if prepared.request.backward:
             with self._all_or_nothing():
-                logps, totals = self._run_batch(model, batch, [token_loss(item) for item in batch])
+                logps, totals = self._run_batch(model, prepared.batch, prepared.token_losses())
                 _check_losses_finite(totals)
                 self._check_grads_finite("forward_backward")
             self.pending_backward += 1
-        else:
-            logps, _ = self._run_batch(model, batch, None)
-            totals = [float(spec.fn(lp, item.inputs, config)) for lp, item in zip(logps, batch, strict=True)]
-        return types.ForwardBackwardOutput(
-            loss_fn_output_type=loss_fn,
-            loss_fn_outputs=[{"logprobs": types.TensorData.from_torch(lp.float())} for lp in logps],
-            metrics={"loss:sum": sum(totals)},
-        )
+            return prepared.output(logps, totals)
+        logps, _ = self._run_batch(model, prepared.batch, None)
+        return prepared.output(logps, None)
 
     def forward_backward_custom(self, data: list[types.Datum], loss_fn: CustomLossFn) -> types.ForwardBackwardOutput:
         """A user loss on per-datum logprobs, applied through the linear surrogate sum(dL/dlogp · logp).
@@ -378,13 +424,19 @@ class TrainingSession:
     @contextlib.contextmanager
     def _all_or_nothing(self) -> Iterator[None]:
         """Restore the pending gradients if the block fails: a rejected request accumulates nothing."""
-        saved = {k: (p.grad.clone() if p.grad is not None else None) for k, p in self.params.items()}
+        saved = self._saved_grads()
         try:
             yield
         except BaseException:
-            for k, p in self.params.items():
-                p.grad = saved[k]
+            self._restore_grads(saved)
             raise
+
+    def _saved_grads(self) -> dict[str, torch.Tensor | None]:
+        return {k: (p.grad.clone() if p.grad is not None else None) for k, p in self.params.items()}
+
+    def _restore_grads(self, saved: dict[str, torch.Tensor | None]) -> None:
+        for k, p in self.params.items():
+            p.grad = saved[k]
 
     def _check_grads_finite(self, request: str) -> None:
         """Refuse gradients (this request's plus those accumulated before it) that hold NaN or inf."""
@@ -469,6 +521,126 @@ class TrainingSession:
         self.base.remove_adapter(self.run_id)
 
 
+Outcome = types.ForwardBackwardOutput | BaseException
+"""A request's response, or the exception it failed with."""
+
+
+def forward_together(requests: list[tuple[TrainingSession, ForwardRequest]]) -> tuple[list[Outcome], int]:
+    """Built-in-loss requests of different sessions (all ``backward`` or all not), each as if it ran alone.
+
+    Returns each request's outcome and how many of them ran in a mixed pass. Each request is validated on its own
+    (a refused one fails alone). Requests of sessions on one dense, text-only base then run together: one pass
+    through the base per length group, rows of several sessions side by side, each row through its own adapter
+    (``multi_lora``); the sessions' gradients are separate parameters, so each lands where it belongs, and the
+    all-or-nothing rule holds per session. A request with images, on a vision or mixture-of-experts base, or alone
+    on its base runs by itself, as does every request when the adapters use a LoRA feature ``multi_lora`` does not
+    reproduce. Sessions whose ranks or target sets (train_attn/train_mlp/train_unembed) differ do mix.
+    """
+    outcomes: list[Outcome | None] = [None] * len(requests)
+    by_base: dict[int, list[tuple[int, _PreparedForward]]] = {}
+    for i, (session, request) in enumerate(requests):
+        try:
+            prepared = session._prepare_forward(request)
+        except Exception as exc:  # noqa: BLE001 - each request's failure is its own; the caller reports it
+            outcomes[i] = exc
+            continue
+        if any(item.images for item in prepared.batch) or not _mixable_base(session.base):
+            outcomes[i] = _run_alone(prepared)
+        else:
+            by_base.setdefault(id(session.base), []).append((i, prepared))
+    mixed = 0
+    for members in by_base.values():
+        base = members[0][1].session.base
+        names = [prepared.session.run_id for _, prepared in members]
+        if len(members) > 1 and multi_lora.supports(_lora_layers(base), names):
+            for (i, _), outcome in zip(members, _run_mixed([prepared for _, prepared in members]), strict=True):
+                outcomes[i] = outcome
+            mixed += len(members)
+        else:
+            for i, prepared in members:
+                outcomes[i] = _run_alone(prepared)
+    return [o if o is not None else RuntimeError("request not run (an engine bug)") for o in outcomes], mixed
+
+
+def _run_alone(prepared: _PreparedForward) -> Outcome:
+    try:
+        return prepared.session._run_prepared(prepared)
+    except Exception as exc:  # noqa: BLE001 - the caller reports it as this request's failure
+        return exc
+
+
+def _mixable_base(base: BaseModel) -> bool:
+    """Whether every adapted layer of ``base`` sees batch rows on dim 0 in a text pass: dense text decoders do;
+    mixture-of-experts layers route flattened tokens, and vision towers are left out to keep to what is tested."""
+    model_type = str(getattr(base.config, "model_type", ""))
+    return not base.is_vision and not model_type.endswith("_moe")
+
+
+def _run_mixed(members: list[_PreparedForward]) -> list[Outcome]:
+    """One mixed run of requests of different sessions on one base (see ``forward_together``)."""
+    base = members[0].session.base
+    backward = members[0].request.backward
+    sessions = [prepared.session for prepared in members]
+    rows = [(k, j) for k, prepared in enumerate(members) for j in range(len(prepared.batch))]
+    items = [members[k].batch[j] for k, j in rows]
+    losses_by_member = [prepared.token_losses() for prepared in members] if backward else None
+    logps: list[list[torch.Tensor]] = [[torch.empty(0)] * len(prepared.batch) for prepared in members]
+    totals: list[list[float]] = [[0.0] * len(prepared.batch) for prepared in members]
+    saved = [session._saved_grads() for session in sessions] if backward else []
+    trainable = {f"{s.run_id}/{k}": p for s in sessions for k, p in s.params.items()} if backward else {}
+    layers = _lora_layers(base)
+    model = base.activate(sessions[0].run_id)  # the wrapped HF model; no_active_adapter then disables them all
+    try:
+        with multi_lora.no_active_adapter(layers, trainable):
+            for group in _length_groups([len(item.input_ids) for item in items]):
+                group = sorted(group, key=lambda r: rows[r][0])  # each session's rows contiguous (stable sort)
+                group_losses = None
+                if losses_by_member is not None:
+                    group_losses = [losses_by_member[rows[r][0]][rows[r][1]] for r in group]
+                names = [sessions[rows[r][0]].run_id for r in group]
+                with fast_fp32_matmuls(base.device):
+                    group_logps, group_totals = sessions[0]._run_group(
+                        model, [items[r] for r in group], group_losses, row_adapters=names)
+                for r, logp, total in zip(group, group_logps, group_totals, strict=True):
+                    k, j = rows[r]
+                    logps[k][j], totals[k][j] = logp, total
+    except BaseException:
+        for session, grads in zip(sessions, saved, strict=True):
+            session._restore_grads(grads)
+        raise
+    outcomes: list[Outcome] = []
+    for k, prepared in enumerate(members):
+        if not backward:
+            outcomes.append(prepared.output(logps[k], None))
+            continue
+        session = prepared.session
+        try:
+            _check_losses_finite(totals[k])
+            session._check_grads_finite("forward_backward")
+        except TinkerError as exc:
+            session._restore_grads(saved[k])
+            outcomes.append(exc)
+            continue
+        session.pending_backward += 1
+        outcomes.append(prepared.output(logps[k], totals[k]))
+    return outcomes
+
+
+def _lora_layers(base: BaseModel) -> list[Any]:
+    return multi_lora.lora_layers(base._peft_model)
+
+
+def _segments(row_adapters: list[str]) -> list[tuple[str, int]]:
+    """Runs of equal names: [a, a, b] -> [(a, 2), (b, 1)]."""
+    segments: list[tuple[str, int]] = []
+    for name in row_adapters:
+        if segments and segments[-1][0] == name:
+            segments[-1] = (name, segments[-1][1] + 1)
+        else:
+            segments.append((name, 1))
+    return segments
+
+
 def _length_groups(lengths: list[int]) -> list[list[int]]:
     """Indices grouped for padded batches: similar lengths together, padding and size bounded.
 
@@ -510,7 +682,7 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _chunk_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def _chunk_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Logprobs of ``targets`` (shape [s], or [s, k] for k candidates per position), shaped like ``targets``."""
     logits = head(hidden).float()
     index = targets if targets.dim() == 2 else targets[:, None]

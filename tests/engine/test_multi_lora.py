@@ -1,0 +1,209 @@
+"""Several training clients on one base: their queued forward_backward requests run in one batched pass
+(``engine.multi_lora``), with results per client as if each ran alone."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tinker_cookbook import tinker
+from tinker_cookbook.engine.backend import LocalBackend
+from tinker_cookbook.tinker import types
+from tinker_cookbook.tinker.errors import BadRequestError, UnprocessableEntityError
+
+MODEL = "tinker-cookbook/tiny-smollm2"
+# Different ranks and target sets, all in one mixed pass.
+CONFIGS: list[dict[str, Any]] = [
+    dict(rank=4, seed=1),
+    dict(rank=8, seed=2),
+    dict(rank=2, seed=3, train_mlp=False, train_unembed=False),
+    dict(rank=4, seed=4, train_attn=False),
+]
+ADAM = types.AdamParams(learning_rate=1e-2, eps=1e-12)
+
+
+@pytest.fixture
+def engines() -> Iterator[tuple[LocalBackend, LocalBackend]]:
+    """Two private engines with their own copy of the base: one batches, the other runs each client alone."""
+    batched, solo = LocalBackend(), LocalBackend()
+    yield batched, solo
+    batched.close()
+    solo.close()
+
+
+def _client(backend: LocalBackend, config: dict[str, Any]) -> tinker.TrainingClient:
+    lora = types.LoraConfig(**config)
+    return tinker.TrainingClient(backend, backend.create_session(MODEL, lora, None), MODEL, lora)
+
+
+def _batch(seed: int, n: int = 3) -> list[types.Datum]:
+    rng = np.random.default_rng(seed)
+    data = []
+    for _ in range(n):
+        tokens = rng.integers(3, 2000, size=int(rng.integers(6, 40))).tolist()
+        weights = [0.0] * 2 + [1.0] * (len(tokens) - 3)
+        data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                                loss_fn_inputs=dict(target_tokens=tokens[1:], weights=weights)))
+    return data
+
+
+@contextmanager
+def _held(backend: LocalBackend) -> Iterator[None]:
+    """Hold the engine's worker, so that everything submitted in the block is queued before it starts."""
+    started, release = threading.Event(), threading.Event()
+
+    def gate() -> None:
+        started.set()
+        release.wait(timeout=60)
+
+    gate_future = backend.submit(gate)
+    started.wait()
+    try:
+        yield
+    finally:
+        release.set()
+        gate_future.result()
+        backend.submit(lambda: None).result()  # queued after the block's requests: they have all run
+
+
+def _weights_of(tc: tinker.TrainingClient) -> dict[str, torch.nn.Parameter]:
+    return tc._backend._session(tc.model_id).params  # type: ignore[attr-defined]  # white-box: the adapter
+
+
+def _weights(tc: tinker.TrainingClient) -> dict[str, torch.Tensor]:
+    return {k: p.detach().clone() for k, p in _weights_of(tc).items()}
+
+
+def _logprobs(output: types.ForwardBackwardOutput) -> list[torch.Tensor]:
+    return [out["logprobs"].to_torch() for out in output.loss_fn_outputs]
+
+
+def _assert_same(batched: Any, solo: Any, what: str) -> None:
+    """Equal up to fp32 rounding. The mixed pass computes the same per-row math as a solo pass, but in matmuls of
+    other shapes (other rows in the batch, other padding widths, the LoRA product per segment), so BLAS sums in
+    another order: each op differs by a few ulp (~1e-7 relative), which through a 2-layer model and the
+    log-softmax stays far below 1e-4 (measured: 2e-6; losses, sums of ~100 such terms of size ~10: 5e-8 relative).
+    Adam's update lr·m̂/√v̂ is a ratio of gradient sums: where a gradient element is near zero, or consecutive ones
+    nearly cancel, that relative rounding is amplified; measured 1.5e-4·lr after 3 steps, so the bound is 1e-3·lr.
+    (Rows through a wrong adapter, or an order change, move logprobs by ~1e-2 and weights by ~lr.)"""
+    if isinstance(batched, types.ForwardBackwardOutput):
+        assert isinstance(solo, types.ForwardBackwardOutput)
+        torch.testing.assert_close(batched.metrics["loss:sum"], solo.metrics["loss:sum"], rtol=1e-5, atol=1e-4,
+                                   msg=_label(f"{what} loss"))
+        for i, (b, s) in enumerate(zip(_logprobs(batched), _logprobs(solo), strict=True)):
+            torch.testing.assert_close(b, s, rtol=0, atol=1e-4, msg=_label(f"{what} logprobs[{i}]"))
+    else:
+        assert batched.keys() == solo.keys()
+        for k in batched:
+            torch.testing.assert_close(batched[k], solo[k], rtol=0, atol=1e-3 * ADAM.learning_rate,
+                                       msg=_label(f"{what} {k}"))
+
+
+def _label(what: str) -> Callable[[str], str]:
+    return lambda message: f"{what}: {message}"
+
+
+def _submit_steps(clients: dict[int, tinker.TrainingClient], steps: int) -> dict[int, list[Any]]:
+    """Submit each client's forward_backward + optim_step per step without waiting; per client its futures.
+    Client ``c`` trains on ``_batch(100 * c + step)``."""
+    futures: dict[int, list[Any]] = {c: [] for c in clients}
+    for step in range(steps):
+        for c, tc in clients.items():
+            futures[c].append(tc.forward_backward(_batch(100 * c + step), "cross_entropy"))
+            futures[c].append(tc.optim_step(ADAM))
+    return futures
+
+
+def _results(futures: dict[int, list[Any]]) -> dict[int, list[Any]]:
+    return {c: [f.result() for f in fs] for c, fs in futures.items()}
+
+
+def test_four_clients_train_together_as_if_alone(engines: tuple[LocalBackend, LocalBackend]) -> None:
+    batched, solo = engines
+    steps = 3
+    together = {c: _client(batched, config) for c, config in enumerate(CONFIGS)}
+    with _held(batched):
+        futures = _submit_steps(together, steps)
+    results = _results(futures)
+    # Every forward_backward ran in a pass shared with the other clients' (queued behind the held worker).
+    assert batched.batched_requests == len(CONFIGS) * steps
+    for c, config in enumerate(CONFIGS):
+        alone = _client(solo, config)
+        reference = _results(_submit_steps({c: alone}, steps))[c]
+        for step in range(steps):
+            _assert_same(results[c][2 * step], reference[2 * step], f"client {c} step {step}")
+        _assert_same(_weights(together[c]), _weights(alone), f"client {c} weights")
+    assert solo.batched_requests == 0
+
+
+def test_a_bad_request_fails_alone(engines: tuple[LocalBackend, LocalBackend]) -> None:
+    """Three ways to fail in one batch: a token outside the vocabulary (refused before the pass), a loss that
+    overflows, and an adapter holding NaN (refused after it). Each fails alone, accumulating nothing; the other
+    clients' results, in the same passes, are those of clients that never met them."""
+    batched, solo = engines
+    together = {c: _client(batched, config) for c, config in enumerate(CONFIGS)}
+    with torch.no_grad():  # client 3's adapter is broken: NaN flows through its rows of the shared pass
+        next(p for k, p in _weights_of(together[3]).items() if "lora_B" in k).fill_(float("nan"))
+    outside = [*_batch(7), types.Datum(model_input=types.ModelInput.from_ints([5, 6, 10**6, 7]),
+                                       loss_fn_inputs=dict(target_tokens=[6, 7, 8, 9], weights=[1.0] * 4))]
+    overflow = [types.Datum(model_input=d.model_input, loss_fn_inputs={
+        **d.loss_fn_inputs, "weights": types.TensorData.from_torch(d.loss_fn_inputs["weights"].to_torch() * 3e38)})
+        for d in _batch(8)]
+    with _held(batched):
+        first = {0: together[0].forward_backward(_batch(0), "cross_entropy"),
+                 1: together[1].forward_backward(outside, "cross_entropy"),
+                 2: together[2].forward_backward(overflow, "cross_entropy"),
+                 3: together[3].forward_backward(_batch(300), "cross_entropy")}
+        results = _submit_steps(together, 1)
+    assert batched.batched_requests == 3 + 4  # the vocabulary check refuses client 1's first request up front
+    with pytest.raises(BadRequestError, match="outside the vocabulary"):
+        first[1].result()
+    with pytest.raises(UnprocessableEntityError, match="loss"):
+        first[2].result()
+    for failed in (first[3], results[3][0]):
+        with pytest.raises(UnprocessableEntityError, match="loss"):
+            failed.result()
+    with pytest.raises(BadRequestError, match="no accumulated gradients"):
+        results[3][1].result()
+    for c in (0, 1, 2):
+        alone = _client(solo, CONFIGS[c])
+        if c == 0:
+            _assert_same(first[0].result(), alone.forward_backward(_batch(0), "cross_entropy").result(), "first")
+        reference = _results(_submit_steps({c: alone}, 1))[c]
+        _assert_same(results[c][0].result(), reference[0], f"client {c}")
+        _assert_same(_weights(together[c]), _weights(alone), f"client {c} weights")
+
+
+def test_each_clients_order_is_kept(engines: tuple[LocalBackend, LocalBackend]) -> None:
+    """Only a client's next request joins another's batch: A's second forward_backward, queued behind A's
+    optim_step, runs after that step, and forwards batch with forwards, not with forward_backward."""
+    batched, solo = engines
+    x, y = _batch(1), _batch(2)
+
+    def requests(a: tinker.TrainingClient, b: tinker.TrainingClient) -> list[Callable[[], Any]]:
+        return [lambda: b.forward_backward(y, "cross_entropy"), lambda: a.forward_backward(x, "cross_entropy"),
+                lambda: a.optim_step(ADAM), lambda: a.forward_backward(x, "cross_entropy"), lambda: b.optim_step(ADAM),
+                lambda: a.forward(y, "cross_entropy"), lambda: b.forward(x, "cross_entropy")]
+
+    a, b = _client(batched, CONFIGS[0]), _client(batched, CONFIGS[1])
+    with _held(batched):
+        futures = [request() for request in requests(a, b)]
+    results = [f.result() for f in futures]
+    # b's and a's first forward_backward together, then a's forwards with b's; a's second one alone (b's next
+    # request is its optim_step).
+    assert batched.batched_requests == 4
+    a_solo, b_solo = _client(solo, CONFIGS[0]), _client(solo, CONFIGS[1])
+    reference = [request().result() for request in requests(a_solo, b_solo)]  # one at a time: nothing to batch
+    assert solo.batched_requests == 0
+    for i in (0, 1, 3, 5, 6):
+        _assert_same(results[i], reference[i], f"request {i}")
+    for tc, ref in ((a, a_solo), (b, b_solo)):
+        _assert_same(_weights(tc), _weights(ref), "weights")
+    # a's step lies between its two forward_backwards on the same data (else the comparison above proves little).
+    assert not torch.allclose(_logprobs(results[1])[0], _logprobs(results[3])[0], atol=1e-3)

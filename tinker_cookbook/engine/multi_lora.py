@@ -1,0 +1,129 @@
+"""Several LoRA adapters in one pass through a shared, frozen base: each batch row uses its own adapter.
+
+peft applies its active adapter(s) to every row of a batch, and its per-row ``adapter_names`` refuses training
+mode, so a mixed pass works around it: every peft LoRA layer computes the base output only (no active adapter),
+and a forward hook adds each adapter's delta ``lora_B(lora_A(x)) * scaling`` on its own contiguous segment of rows
+(rows are sorted by adapter): the segments' deltas are concatenated with ``torch.cat`` and added to the base output
+(no in-place writes), so autograd sends each segment's gradient to that adapter's parameters only. The math per
+row is peft's ``lora.Linear.forward`` for one vanilla adapter: the same input cast, the same modules, the same
+scaling, the same sum, under the same autocast.
+
+Adapters of different ranks mix freely (each delta uses its own matrices), and so do different target sets: a layer
+an adapter does not target adds nothing to its rows, which is exactly what peft does for that adapter alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+
+def lora_layers(peft_model: Any) -> list[Any]:
+    """Every peft LoRA layer of ``peft_model`` (Linear or otherwise; ``supports`` says whether we can mix them)."""
+    from peft.tuners.lora import LoraLayer
+
+    return [m for m in peft_model.modules() if isinstance(m, LoraLayer)]
+
+
+def supports(layers: Sequence[Any], names: Sequence[str]) -> bool:
+    """Whether a mixed pass reproduces peft for these adapters: plain LoRA on ``nn.Linear`` layers only.
+
+    Variants (DoRA and the like), dropout, LoRA biases, fan-in-fan-out weights or merged layers change peft's
+    forward; with any of them the caller runs each request alone instead.
+    """
+    from peft.tuners.lora import Linear
+
+    for layer in layers:
+        if not isinstance(layer, Linear) or layer.merged or layer.disable_adapters or layer.fan_in_fan_out:
+            return False
+        for name in names:
+            if name not in layer.lora_A:
+                continue
+            if name in layer.lora_variant or not isinstance(layer.lora_dropout[name], torch.nn.Identity):
+                return False
+            if layer.lora_B[name].bias is not None:
+                return False
+    return True
+
+
+def delta(layer: Any, name: str, x: torch.Tensor) -> torch.Tensor:
+    """Adapter ``name``'s contribution to ``layer(x)``, as peft computes it (input cast to the LoRA weights' dtype)."""
+    lora_a, lora_b = layer.lora_A[name], layer.lora_B[name]
+    if x.dtype != lora_a.weight.dtype:
+        x = x.to(lora_a.weight.dtype)
+    return lora_b(lora_a(x)) * layer.scaling[name]
+
+
+def with_adapter(layer: torch.nn.Module, name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``layer`` (inside ``no_active_adapter``: its base output) plus adapter ``name``'s delta where it has one."""
+    from peft.tuners.lora import LoraLayer
+
+    if not isinstance(layer, LoraLayer) or name not in layer.lora_A:
+        return layer
+
+    def apply(x: torch.Tensor) -> torch.Tensor:
+        base = layer(x)
+        return (base + delta(layer, name, x)).to(base.dtype)
+
+    return apply
+
+
+@contextlib.contextmanager
+def no_active_adapter(layers: Sequence[Any], trainable: dict[str, torch.nn.Parameter]) -> Iterator[None]:
+    """Every layer computes its base output only; ``trainable`` (the mixed adapters' parameters) require grad.
+
+    Restores each layer's active adapter afterwards (peft's ``set_adapter`` then resets requires_grad as before).
+    """
+    previous = [list(layer.active_adapters) for layer in layers]
+    try:
+        for layer in layers:
+            layer.set_adapter([])  # no active adapter: peft's forward is the base layer alone
+        for param in trainable.values():
+            param.requires_grad_(True)
+        yield
+    finally:
+        for param in trainable.values():
+            param.requires_grad_(False)
+        for layer, names in zip(layers, previous, strict=True):
+            layer.set_adapter(names)
+
+
+@contextlib.contextmanager
+def row_segments(layers: Sequence[Any], segments: Sequence[tuple[str, int]]) -> Iterator[None]:
+    """While active, each layer adds adapter ``name``'s delta to the next ``count`` rows, for each (name, count).
+
+    Needs every adapted layer to see the batch rows on dim 0 (true of dense decoders, whose projections take
+    [rows, tokens, features]); a layer that sees another row count is an engine bug and raises.
+    """
+    counts = [count for _, count in segments]
+    rows = sum(counts)
+
+    def hook(layer: Any, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+        x = args[0] if args else None
+        if x is None or x.shape[0] != rows or output.shape[0] != rows:
+            raise RuntimeError(f"a mixed-adapter pass expected {rows} rows at {type(layer).__name__}, got input "
+                               f"{None if x is None else list(x.shape)} and output {list(output.shape)}")
+        # split (views; its backward concatenates the pieces' gradients) rather than slicing, whose backward
+        # would build a zero-filled gradient of the whole input per segment.
+        parts = torch.split(x, counts)
+        deltas: list[torch.Tensor | None] = [
+            delta(layer, name, part) if name in layer.lora_A else None
+            for (name, _), part in zip(segments, parts, strict=True)
+        ]
+        present = [d for d in deltas if d is not None]
+        if not present:
+            return output
+        # Rows of an adapter that does not target this layer get + 0, which leaves every value as it is.
+        filled = [d if d is not None else present[0].new_zeros((count, *present[0].shape[1:]))
+                  for d, count in zip(deltas, counts, strict=True)]
+        return (output + torch.cat(filled)).to(output.dtype)
+
+    handles = [layer.register_forward_hook(hook) for layer in layers]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
