@@ -3,6 +3,7 @@
     python bench/bench_training.py                      # SmolLM2-135M-Instruct, LoRA r32, 8 seqs of 64-512 tokens
     python bench/bench_training.py --steps 5 --model tinker-cookbook/tiny-smollm2
     python bench/bench_training.py --reps 2             # alternate the three sides twice, keep each one's best
+    python bench/bench_training.py --threads 1          # one torch thread per side (steadier on a loaded machine)
 
 Each side runs in its own subprocess (so peak RSS is its own) on the same data: a batch of 8 sequences with
 lengths drawn uniformly from 64-512, LoRA rank 32 on all linear layers incl. the unembedding, AdamW. The baseline
@@ -11,9 +12,10 @@ is what a user would write by hand: pad the batch, ``model(input_ids, attention_
 GFLOP/s at 4·N FLOPs per token (forward 2N + backward through activations 2N; LoRA skips base weight gradients)
 next to this machine's measured matmul peaks (fp32 through torch.mm, i.e. the BLAS, and through oneDNN's packed
 kernels; bf16 through oneDNN). The engine runs twice: fp32 (the default) and with the frozen base in bf16
-(``TINKER_COOKBOOK_TRAIN_DTYPE=bf16``: bf16 matmuls, LoRA/Adam/logits fp32); the bf16 side's mismatch is the
-mean/max |d| of its forward logprobs against the fp32 side's on a held-out batch (before any training step), which
-is the sampler/learner mismatch it adds (the default fp32 sampler agrees with the fp32 learner to ~1e-5).
+(``TINKER_COOKBOOK_TRAIN_DTYPE=bf16``: the base's Linear matmuls in bf16 on weights packed once, everything else
+fp32); reported: fp32 GFLOP/s as a share of the oneDNN fp32 peak, the bf16/fp32 speed ratio, and the bf16 side's
+mismatch, the mean/max |d| of its forward logprobs against the fp32 side's on a held-out batch (before any training
+step), which is the sampler/learner mismatch it adds (the default fp32 sampler agrees with the fp32 learner to ~1e-5).
 Not a test: machines are noisy, so compare within one run.
 """
 
@@ -151,6 +153,10 @@ def param_count(model: str) -> int:
 
 
 def child(side: str, model: str, steps: int) -> None:
+    if side == "engine-packed":
+        from tinker_cookbook.engine import training
+
+        training.PACK_FP32_BASE = True  # the fp32 base on packed weights too (off by default: see its docstring)
     result = run_engine(model, steps) if side.startswith("engine") else run_baseline(model, steps)
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -159,9 +165,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--child", choices=["engine", "engine-bf16", "baseline"])
+    parser.add_argument("--child", choices=["engine", "engine-bf16", "engine-packed", "baseline"])
     parser.add_argument("--reps", type=int, default=1, help="alternating rounds of the three sides (best kept)")
     parser.add_argument("--no-fast-malloc", action="store_true", help="run both sides with glibc's default malloc")
+    parser.add_argument("--packed-fp32", action="store_true",
+                        help="add a side with the fp32 base on packed oneDNN weights (engine-packed)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per side and for the peaks (0: torch's)")
     args = parser.parse_args()
     if args.child:
         child(args.child, args.model, args.steps)
@@ -169,14 +178,18 @@ def main() -> None:
     env = {**os.environ, "TINKER_COOKBOOK_NO_REEXEC": "1"}
     env.update({} if args.no_fast_malloc else FAST_MALLOC)
     env.pop("TINKER_COOKBOOK_TRAIN_DTYPE", None)
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
     # The script's own directory is bench/: put this tree's root first so that it is the code measured.
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                          env.get("PYTHONPATH", "")])
     malloc = "glibc defaults" if args.no_fast_malloc else "fast malloc env (" + ", ".join(f"{k}={v}" for k, v in FAST_MALLOC.items()) + ")"
     print(f"model {args.model}, LoRA r32 all linear + unembed, 8 seqs x 64-512 tokens, {args.steps} timed steps")
-    print(f"malloc: {malloc}; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}; {args.reps} round(s)")
+    threads = args.threads or "torch's default"
+    print(f"malloc: {malloc}; {os.cpu_count()} cores, threads {threads}; load average {os.getloadavg()[0]:.1f}; "
+          f"{args.reps} round(s)")
     results: dict[str, dict] = {}
-    sides = ("baseline", "engine", "engine-bf16")
+    sides = ("baseline", "engine", "engine-bf16", *(("engine-packed",) if args.packed_fp32 else ()))
     for _ in range(args.reps):
         for side in sides:
             side_env = {**env, "TINKER_COOKBOOK_TRAIN_DTYPE": "bf16"} if side == "engine-bf16" else env
@@ -201,11 +214,18 @@ def main() -> None:
     d = torch.tensor(h["eval_logprobs"], dtype=torch.float64) - torch.tensor(e["eval_logprobs"], dtype=torch.float64)
     print(f"bf16 base / fp32: throughput {h['tokens_per_s'] / e['tokens_per_s']:.2f}x (target >= 1.6); logprobs vs "
           f"fp32 learner: mean|d| {d.abs().mean():.4f} max {d.abs().max():.3f} over {d.numel()} held-out tokens")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if "engine-packed" in results:
+        p = results["engine-packed"]
+        print(f"fp32 base on packed weights / fp32: throughput {p['tokens_per_s'] / e['tokens_per_s']:.2f}x, peak RSS "
+              f"{p['peak_rss_gb'] - e['peak_rss_gb']:+.2f} GB")
     peaks = matmul_peaks_gflops()
     print("matmul peaks (GFLOP/s): " + ", ".join(f"{k} {v:.0f}" for k, v in peaks.items()))
-    fp32_peak = max(v for k, v in peaks.items() if k.startswith("fp32"))
-    print(f"engine fp32: {4 * n * e['tokens_per_s'] / 1e9 / fp32_peak:.0%} of the best fp32 peak (target >= 60%); "
-          f"engine bf16: {4 * n * h['tokens_per_s'] / 1e9 / peaks.get('bf16 oneDNN', float('nan')):.0%} of bf16's")
+    fp32_peak = peaks.get("fp32 oneDNN", peaks["fp32 torch.mm"])
+    print(f"engine fp32: {4 * n * e['tokens_per_s'] / 1e9 / fp32_peak:.0%} of the oneDNN fp32 peak (target >= 60%); "
+          f"engine bf16: {4 * n * h['tokens_per_s'] / 1e9 / peaks.get('bf16 oneDNN', float('nan')):.0%} of bf16's; "
+          f"load average at the end {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
