@@ -16,7 +16,9 @@ kernels; bf16 through oneDNN). The engine runs twice: fp32 (the default) and wit
 fp32); reported: fp32 GFLOP/s as a share of the oneDNN fp32 peak, the bf16/fp32 speed ratio, and the bf16 side's
 mismatch, the mean/max |d| of its forward logprobs against the fp32 side's on a held-out batch (before any training
 step), which is the sampler/learner mismatch it adds (the default fp32 sampler agrees with the fp32 learner to ~1e-5).
-Not a test: machines are noisy, so compare within one run.
+Not a test: machines are noisy, so compare within one run. On a shared machine wall-clock speed follows the load;
+tokens per CPU-second of the timed steps (``time.process_time``) follow the work done, and with ``--threads 1``
+they compare with the single-thread peaks measured alongside.
 """
 
 from __future__ import annotations
@@ -68,12 +70,12 @@ def run_engine(model: str, steps: int) -> dict[str, float]:
     forward = tc.forward(data_for(held_out), "cross_entropy").result()
     eval_logprobs = [x for out in forward.loss_fn_outputs for x in out["logprobs"].tolist()]
     step(0)  # warm-up
-    start, tokens = time.perf_counter(), 0
+    start, cpu_start, tokens = time.perf_counter(), time.process_time(), 0
     for i in range(steps):
         tokens += step(i + 1)
-    elapsed = time.perf_counter() - start
-    return {"tokens_per_s": tokens / elapsed, "peak_rss_gb": peak_rss_gb(), "loaded_rss_gb": loaded_rss,
-            "eval_logprobs": eval_logprobs}
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    return {"tokens_per_s": tokens / elapsed, "tokens_per_cpu_s": tokens / cpu, "peak_rss_gb": peak_rss_gb(),
+            "loaded_rss_gb": loaded_rss, "eval_logprobs": eval_logprobs}
 
 
 def run_baseline(model_name: str, steps: int) -> dict[str, float]:
@@ -106,11 +108,12 @@ def run_baseline(model_name: str, steps: int) -> dict[str, float]:
         return sum(len(s) - 1 for s in seqs)
 
     step(0)
-    start, tokens = time.perf_counter(), 0
+    start, cpu_start, tokens = time.perf_counter(), time.process_time(), 0
     for i in range(steps):
         tokens += step(i + 1)
-    elapsed = time.perf_counter() - start
-    return {"tokens_per_s": tokens / elapsed, "peak_rss_gb": peak_rss_gb(), "loaded_rss_gb": loaded_rss}
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    return {"tokens_per_s": tokens / elapsed, "tokens_per_cpu_s": tokens / cpu, "peak_rss_gb": peak_rss_gb(),
+            "loaded_rss_gb": loaded_rss}
 
 
 def matmul_peaks_gflops() -> dict[str, float]:
@@ -205,24 +208,31 @@ def main() -> None:
     for side in sides:
         r = results[side]
         print(f"{side:>11}: {r['tokens_per_s']:8.1f} tok/s   peak RSS {r['peak_rss_gb']:.2f} GB "
-              f"(after load {r['loaded_rss_gb']:.2f} GB)   {4 * n * r['tokens_per_s'] / 1e9:.1f} GFLOP/s")
+              f"(after load {r['loaded_rss_gb']:.2f} GB)   {4 * n * r['tokens_per_s'] / 1e9:.1f} GFLOP/s   "
+              f"{r['tokens_per_cpu_s']:.1f} tok per CPU-second")
     e, b, h = results["engine"], results["baseline"], results["engine-bf16"]
     print(f"ratio engine/baseline: throughput {e['tokens_per_s'] / b['tokens_per_s']:.2f}x (target >= 1.0), "
           f"peak memory {e['peak_rss_gb'] / b['peak_rss_gb']:.2f}x (target <= 0.6)")
     import torch
 
     d = torch.tensor(h["eval_logprobs"], dtype=torch.float64) - torch.tensor(e["eval_logprobs"], dtype=torch.float64)
-    print(f"bf16 base / fp32: throughput {h['tokens_per_s'] / e['tokens_per_s']:.2f}x (target >= 1.6); logprobs vs "
+    print(f"bf16 base / fp32: throughput {h['tokens_per_s'] / e['tokens_per_s']:.2f}x (target >= 1.6), per CPU-second "
+          f"{h['tokens_per_cpu_s'] / e['tokens_per_cpu_s']:.2f}x; logprobs vs "
           f"fp32 learner: mean|d| {d.abs().mean():.4f} max {d.abs().max():.3f} over {d.numel()} held-out tokens")
     if args.threads:
         torch.set_num_threads(args.threads)
     if "engine-packed" in results:
         p = results["engine-packed"]
-        print(f"fp32 base on packed weights / fp32: throughput {p['tokens_per_s'] / e['tokens_per_s']:.2f}x, peak RSS "
+        print(f"fp32 base on packed weights / fp32: throughput {p['tokens_per_s'] / e['tokens_per_s']:.2f}x, per "
+              f"CPU-second {p['tokens_per_cpu_s'] / e['tokens_per_cpu_s']:.2f}x, peak RSS "
               f"{p['peak_rss_gb'] - e['peak_rss_gb']:+.2f} GB")
     peaks = matmul_peaks_gflops()
     print("matmul peaks (GFLOP/s): " + ", ".join(f"{k} {v:.0f}" for k, v in peaks.items()))
     fp32_peak = peaks.get("fp32 oneDNN", peaks["fp32 torch.mm"])
+    if args.threads == 1:  # one thread: a CPU-second is a second of one core, the peaks' unit
+        print(f"per CPU-second: engine fp32 {4 * n * e['tokens_per_cpu_s'] / 1e9 / fp32_peak:.0%} of the oneDNN fp32 "
+              f"peak, engine bf16 {4 * n * h['tokens_per_cpu_s'] / 1e9 / peaks.get('bf16 oneDNN', float('nan')):.0%} "
+              "of bf16's")
     print(f"engine fp32: {4 * n * e['tokens_per_s'] / 1e9 / fp32_peak:.0%} of the oneDNN fp32 peak (target >= 60%); "
           f"engine bf16: {4 * n * h['tokens_per_s'] / 1e9 / peaks.get('bf16 oneDNN', float('nan')):.0%} of bf16's; "
           f"load average at the end {os.getloadavg()[0]:.1f}")
