@@ -27,11 +27,30 @@ LossInputs = dict[str, torch.Tensor]
 LossFn = Callable[[torch.Tensor, LossInputs, dict[str, float]], torch.Tensor]
 
 
+GradientReach = Callable[[LossInputs], torch.Tensor]
+"""A datum's loss inputs -> bool ``[N]``: the positions whose logprob the loss's gradient can be non-zero at."""
+
+
 @dataclass(frozen=True)
 class LossSpec:
     fn: LossFn
     required_inputs: tuple[str, ...]
     config_defaults: dict[str, float]
+    reach: GradientReach | None = None
+    """Where the gradient can be non-zero (None: everywhere). The engine backpropagates only those positions'
+    logprobs through the unembedding: in RL most positions are the prompt's, with advantage 0."""
+
+
+def _nonzero_positions(key: str) -> GradientReach:
+    """Positions where ``inputs[key]`` is non-zero: the loss is that input times a function of logp there, so its
+    gradient is exactly 0 elsewhere (any k candidate columns of a position count)."""
+
+    def reach(inputs: LossInputs) -> torch.Tensor:
+        values = inputs[key]
+        nonzero = values != 0
+        return nonzero.any(dim=-1) if nonzero.dim() == 2 else nonzero
+
+    return reach
 
 
 def cross_entropy(logp: torch.Tensor, inputs: LossInputs, config: dict[str, float]) -> torch.Tensor:
@@ -65,10 +84,11 @@ _CLIP_DEFAULTS = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
 _RL_INPUTS = ("target_tokens", "logprobs", "advantages")
 
 LOSSES: dict[str, LossSpec] = {
-    "cross_entropy": LossSpec(cross_entropy, ("target_tokens", "weights"), {}),
-    "importance_sampling": LossSpec(importance_sampling, _RL_INPUTS, {}),
-    "ppo": LossSpec(ppo, _RL_INPUTS, dict(_CLIP_DEFAULTS)),
-    "cispo": LossSpec(cispo, _RL_INPUTS, dict(_CLIP_DEFAULTS)),
+    "cross_entropy": LossSpec(cross_entropy, ("target_tokens", "weights"), {}, _nonzero_positions("weights")),
+    "importance_sampling": LossSpec(importance_sampling, _RL_INPUTS, {}, _nonzero_positions("advantages")),
+    "ppo": LossSpec(ppo, _RL_INPUTS, dict(_CLIP_DEFAULTS), _nonzero_positions("advantages")),
+    "cispo": LossSpec(cispo, _RL_INPUTS, dict(_CLIP_DEFAULTS), _nonzero_positions("advantages")),
+    # DRO's quadratic penalty pulls on every position, whatever its advantage.
     "dro": LossSpec(dro, _RL_INPUTS, {"beta": 0.05}),
 }
 

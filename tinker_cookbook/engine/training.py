@@ -52,8 +52,19 @@ ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
 
-TokenLoss = Callable[[torch.Tensor, slice], torch.Tensor]
-"""A loss that is a sum of per-token terms: (logprobs of a span of tokens, that span) -> their loss."""
+
+
+@dataclass(frozen=True)
+class TokenLoss:
+    """One datum's loss, a sum of per-token terms: ``fn(logprobs of a span of tokens, that span)`` -> their loss.
+
+    ``reach`` (bool ``[n]``, or None for all): the positions where the gradient can be non-zero. The others'
+    logprobs are computed without a graph, so the unembedding's backward (a vocabulary-wide matmul per position)
+    skips them; the gradient is the same, because there it is exactly 0.
+    """
+
+    fn: Callable[[torch.Tensor, slice], torch.Tensor]
+    reach: torch.Tensor | None = None
 CustomLossFn = Callable[[list[types.Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
 
 
@@ -202,7 +213,9 @@ class _PreparedForward:
 
     def token_losses(self) -> list[TokenLoss]:
         def token_loss(item: DatumTensors) -> TokenLoss:
-            return lambda logp, span: self.spec.fn(logp, {k: v[span] for k, v in item.inputs.items()}, self.config)
+            reach = self.spec.reach(item.inputs) if self.spec.reach is not None else None
+            return TokenLoss(lambda logp, span: self.spec.fn(logp, {k: v[span] for k, v in item.inputs.items()},
+                                                             self.config), reach)
 
         return [token_loss(item) for item in self.batch]
 
@@ -356,9 +369,13 @@ class TrainingSession:
             for start in range(0, len(targets), LOGPROB_CHUNK_TOKENS):
                 span = slice(start, min(start + LOGPROB_CHUNK_TOKENS, len(targets)))
                 with torch.set_grad_enabled(grad):
-                    logp = _chunk_logprobs(row_head, leaf[row, span], targets[span])
-                    if token_losses is not None:
-                        loss = token_losses[row](logp, span)
+                    if token_losses is None:
+                        logp = _chunk_logprobs(row_head, leaf[row, span], targets[span])
+                    else:
+                        reach = token_losses[row].reach
+                        logp = _reached_logprobs(row_head, leaf[row, span], targets[span],
+                                                 None if reach is None else reach[span])
+                        loss = token_losses[row].fn(logp, span)
                         if loss.requires_grad:
                             loss.backward()
                         total += float(loss.detach())
@@ -678,7 +695,8 @@ def _length_groups(lengths: list[int]) -> list[list[int]]:
 
 def _surrogate(coeffs: torch.Tensor) -> TokenLoss:
     """The token loss sum(coeffs · logp), whose gradient is the custom loss's (``coeffs`` = dloss/dlogp)."""
-    return lambda logp, span: (logp * coeffs[span]).sum()
+    reach = (coeffs != 0).any(dim=-1) if coeffs.dim() == 2 else coeffs != 0
+    return TokenLoss(lambda logp, span: (logp * coeffs[span]).sum(), reach)
 
 
 def _first_outside(ids: Iterable[Any], vocab_size: int) -> Any:
@@ -693,6 +711,26 @@ def _short(value: Any, limit: int = 80) -> str:
     """``repr(value)``, cut to ``limit`` characters for error messages."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _reached_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
+                      reach: torch.Tensor | None) -> torch.Tensor:
+    """``_chunk_logprobs`` whose graph covers only the ``reach`` positions (None: all); the rest are constants.
+
+    Each position's logits are computed once: the unreached ones without a graph, the reached ones with it.
+    """
+    if reach is None or bool(reach.all()):
+        return _chunk_logprobs(head, hidden, targets)
+    if not bool(reach.any()):
+        with torch.no_grad():
+            return _chunk_logprobs(head, hidden, targets)
+    on, off = reach.nonzero().squeeze(-1), (~reach).nonzero().squeeze(-1)
+    with torch.no_grad():
+        constant = _chunk_logprobs(head, hidden[off], targets[off])
+    reached = _chunk_logprobs(head, hidden[on], targets[on])
+    # Out of place, so that autograd sees the reached values (and their graph) land at their positions.
+    logp = torch.zeros(targets.shape, dtype=constant.dtype, device=constant.device)
+    return logp.index_copy(0, off, constant).index_copy(0, on, reached)
 
 
 def _chunk_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
