@@ -37,6 +37,8 @@ from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError, TinkerError, UnprocessableEntityError
 
 LOGPROB_CHUNK_TOKENS = 256
+SHARED_PREFIX_MIN_TOKENS = 16
+"""A pass whose rows all start with at least this many equal tokens runs that prefix through the decoder once."""
 GROUP_MAX_TOKENS = 2048
 GROUP_MAX_PAD_FRACTION = 0.15
 LORA_ALPHA = 32
@@ -93,6 +95,8 @@ class BaseModel:
         model.__dict__["name_or_path"] = spec.name
         self._model = model
         self._peft_model: Any = None
+        self.decoder_positions = 0
+        """Token positions run through the decoder so far (padding and each shared prefix once included)."""
         # On the CPU the frozen Linear layers compute through packed weights (bf16: instead of autocast, which
         # re-casts every weight per call, forward and backward). In bf16 mode only their matmuls are bf16: the
         # activations between them, attention, LoRA and the unembedding (so the logits) stay fp32.
@@ -350,6 +354,7 @@ class TrainingSession:
         for row, item in enumerate(items):
             ids[row, : len(item.input_ids)] = item.input_ids
         images = [image for item in items for image in item.images]
+        shared = 0
         with torch.set_grad_enabled(grad), self.base.autocast():
             if images:
                 hidden = vision.language_hidden(model, ids, images)
@@ -357,7 +362,9 @@ class TrainingSession:
                 with multi_lora.row_segments(_lora_layers(self.base), _segments(row_adapters)):
                     hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
             else:
-                hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+                shared = 0 if self.base.is_vision else _shared_prefix_length(items)
+                hidden = _decoder_hidden(model, ids, shared)
+        self.base.decoder_positions += ids.numel() - (len(items) - 1) * shared
         # The unembedding and log-softmax run in fp32 outside autocast: logprobs are what the losses and RL's
         # importance ratios compare, so they get full precision whatever the decoder's.
         leaf = hidden.detach().float().requires_grad_(grad and hidden.requires_grad)
@@ -711,6 +718,39 @@ def _short(value: Any, limit: int = 80) -> str:
     """``repr(value)``, cut to ``limit`` characters for error messages."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _shared_prefix_length(items: list[DatumTensors]) -> int:
+    """How many leading tokens all ``items`` share (each keeping one token of its own), or 0 if fewer than
+    ``SHARED_PREFIX_MIN_TOKENS``: in RL every sample of a prompt, and often every prompt of a batch (a system
+    prompt, few-shot examples), starts the same way."""
+    if len(items) < 2:
+        return 0
+    limit = min(len(item.input_ids) for item in items) - 1
+    if limit < SHARED_PREFIX_MIN_TOKENS:
+        return 0
+    first = items[0].input_ids[:limit]
+    same = torch.ones(limit, dtype=torch.bool, device=first.device)
+    for item in items[1:]:
+        same &= item.input_ids[:limit] == first
+    length = int(same.cumprod(0).sum())  # the run of equal positions from the start
+    return length if length >= SHARED_PREFIX_MIN_TOKENS else 0
+
+
+def _decoder_hidden(model: Any, ids: torch.Tensor, shared: int) -> torch.Tensor:
+    """The decoder's final hidden states of the right-padded rows ``ids``, their first ``shared`` tokens equal.
+
+    The shared prefix runs once, with its K/V cache kept in the graph; the cache is repeated for every row and the
+    rows' own tokens attend to it. Same values as one pass over the full rows (causal attention: a prefix token
+    never sees what follows it), to fp32 rounding; the backward sums each row's gradient into the one prefix.
+    """
+    if shared == 0:
+        return model.model(input_ids=ids, use_cache=False).last_hidden_state
+    prefix = model.model(input_ids=ids[:1, :shared], use_cache=True)
+    cache = prefix.past_key_values
+    cache.batch_repeat_interleave(ids.shape[0])
+    rest = model.model(input_ids=ids[:, shared:], past_key_values=cache, use_cache=True).last_hidden_state
+    return torch.cat([prefix.last_hidden_state.expand(ids.shape[0], -1, -1), rest], dim=1)
 
 
 def _reached_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
