@@ -747,9 +747,9 @@ def _decoder_hidden(model: Any, ids: torch.Tensor, shared: int) -> torch.Tensor:
     if shared == 0:
         return model.model(input_ids=ids, use_cache=False).last_hidden_state
     prefix = model.model(input_ids=ids[:1, :shared], use_cache=True)
-    cache = prefix.past_key_values
+    cache = prefix.cache
     cache.batch_repeat_interleave(ids.shape[0])
-    rest = model.model(input_ids=ids[:, shared:], past_key_values=cache, use_cache=True).last_hidden_state
+    rest = model.model(input_ids=ids[:, shared:], cache=cache, use_cache=True).last_hidden_state
     return torch.cat([prefix.last_hidden_state.expand(ids.shape[0], -1, -1), rest], dim=1)
 
 
