@@ -207,3 +207,31 @@ def test_each_clients_order_is_kept(engines: tuple[LocalBackend, LocalBackend]) 
         _assert_same(_weights(tc), _weights(ref), "weights")
     # a's step lies between its two forward_backwards on the same data (else the comparison above proves little).
     assert not torch.allclose(_logprobs(results[1])[0], _logprobs(results[3])[0], atol=1e-3)
+
+
+def test_a_mixed_group_is_never_larger_than_a_members_largest_solo_group(
+        engines: tuple[LocalBackend, LocalBackend], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memory: a pass's activations grow with its padded size, so batching clients must not make groups larger
+    than the largest one any of them would run alone (without the cap, four small batches form one big group)."""
+    from tinker_cookbook.engine import training
+
+    batched, _ = engines
+    sizes: list[int] = []
+    original = training.TrainingSession._run_group
+
+    def spy(self: Any, model: Any, items: list[Any], *args: Any, **kwargs: Any) -> Any:
+        sizes.append(len(items) * max(len(item.input_ids) for item in items))
+        return original(self, model, items, *args, **kwargs)
+
+    monkeypatch.setattr(training.TrainingSession, "_run_group", spy)
+    clients = [_client(batched, config) for config in CONFIGS]
+    batches = [_batch(100 + i, n=2) for i in range(len(clients))]
+    with _held(batched):
+        futures = [tc.forward_backward(batch, "cross_entropy") for tc, batch in zip(clients, batches, strict=True)]
+    for future in futures:
+        future.result()
+    assert batched.batched_requests == len(clients)
+    solo_cap = max(training._largest_group_tokens([b.model_input.length for b in batch]) for batch in batches)
+    assert sizes and max(sizes) <= solo_cap
+    union = [b.model_input.length for batch in batches for b in batch]
+    assert training._largest_group_tokens(union) > solo_cap  # the case the cap is for

@@ -627,9 +627,12 @@ def _run_mixed(members: list[_PreparedForward]) -> list[Outcome]:
     trainable = {f"{s.run_id}/{k}": p for s in sessions for k, p in s.params.items()} if backward else {}
     layers = _lora_layers(base)
     model = base.activate(sessions[0].run_id)  # the wrapped HF model; no_active_adapter then disables them all
+    # A mixed group is never larger than the largest group a member would run alone: the activations of a pass
+    # (the bulk of a step's memory) then stay those of one client, whatever the number of clients batched.
+    cap = max(_largest_group_tokens([len(item.input_ids) for item in prepared.batch]) for prepared in members)
     try:
         with multi_lora.no_active_adapter(layers, trainable):
-            for group in _length_groups([len(item.input_ids) for item in items]):
+            for group in _length_groups([len(item.input_ids) for item in items], cap):
                 group = sorted(group, key=lambda r: rows[r][0])  # each session's rows contiguous (stable sort)
                 group_losses = None
                 if losses_by_member is not None:
@@ -678,12 +681,12 @@ def _segments(row_adapters: list[str]) -> list[tuple[str, int]]:
     return segments
 
 
-def _length_groups(lengths: list[int]) -> list[list[int]]:
+def _length_groups(lengths: list[int], max_tokens: int = GROUP_MAX_TOKENS) -> list[list[int]]:
     """Indices grouped for padded batches: similar lengths together, padding and size bounded.
 
     Many short sequences (RL rollouts) run far faster as one batch than one by one on a CPU, while mixing very
     different lengths would spend compute on padding; a group grows (in length order) while its padded size stays
-    within GROUP_MAX_TOKENS and padding within GROUP_MAX_PAD_FRACTION of it.
+    within ``max_tokens`` and padding within GROUP_MAX_PAD_FRACTION of it.
     """
     groups: list[list[int]] = []
     current: list[int] = []
@@ -691,13 +694,18 @@ def _length_groups(lengths: list[int]) -> list[list[int]]:
         candidate = [*current, index]
         padded = lengths[index] * len(candidate)
         real = sum(lengths[i] for i in candidate)
-        if current and (padded > GROUP_MAX_TOKENS or padded - real > GROUP_MAX_PAD_FRACTION * padded):
+        if current and (padded > max_tokens or padded - real > GROUP_MAX_PAD_FRACTION * padded):
             groups.append(current)
             candidate = [index]
         current = candidate
     if current:
         groups.append(current)
     return groups
+
+
+def _largest_group_tokens(lengths: list[int]) -> int:
+    """The padded size (rows x longest row) of the largest group ``_length_groups(lengths)`` makes."""
+    return max(len(group) * max(lengths[i] for i in group) for group in _length_groups(lengths))
 
 
 def _surrogate(coeffs: torch.Tensor) -> TokenLoss:
