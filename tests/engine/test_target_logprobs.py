@@ -10,9 +10,10 @@ from tinker_cookbook.engine.training import _TargetLogprobs
 
 @pytest.mark.parametrize("candidates", [1, 3])
 def test_target_logprobs_and_gradient_match_float64_autograd(candidates: int) -> None:
-    """Values and d/dlogits to fp32 rounding. Logits of size ~10 over a vocabulary of 5000: the log-sum-exp and
-    the difference are accurate to a few fp32 ulps of ~10 (~1e-5 absolute); softmax · sum(g) and the scattered g
-    to ~1e-7 of the largest gradient entry, so 1e-5 of it bounds both. Duplicate candidates must add up."""
+    """Values and d/dlogits to fp32 rounding. Logits of size ~10 (up to ~45) over a vocabulary of 5000: the
+    log-sum-exp and the difference carry a few fp32 ulps of ~45 (ulp 4e-6), so 1e-4 absolute; softmax · sum(g) and
+    the scattered g carry ~1e-7 of the largest gradient entry, so 1e-5 of it bounds both with margin. Duplicate
+    candidates must add up (a plain scatter would drop one)."""
     generator = torch.Generator().manual_seed(4)
     logits = (10 * torch.randn(33, 5000, generator=generator)).requires_grad_(True)
     index = torch.randint(0, 5000, (33, candidates), generator=generator)
@@ -27,7 +28,7 @@ def test_target_logprobs_and_gradient_match_float64_autograd(candidates: int) ->
     reference.backward(upstream.double())
 
     assert logp.dtype == torch.float32 and logits.grad is not None
-    assert float((logp.detach().double() - reference.detach()).abs().max()) < 1e-5 * 10
+    assert float((logp.detach().double() - reference.detach()).abs().max()) < 1e-4
     assert wide.grad is not None
     scale = float(wide.grad.abs().max())
     assert float((logits.grad.double() - wide.grad).abs().max()) < 1e-5 * scale

@@ -7,11 +7,12 @@ once, on stderr, what it chose (``announce``).
 Precision per device (one place, read by training and the sampler):
 
 - CPU: the frozen base in fp32, its matmuls through oneDNN's fp32 kernels where a probe shows that is exact
-  (``fast_fp32_matmuls``). ``$TINKER_COOKBOOK_TRAIN_DTYPE=bf16`` runs the base's Linear matmuls in bf16 on weights
-  packed once for oneDNN, forward (``W``) and input gradient (``Wᵀ``), where the CPU has bf16 kernels
-  (``frozen_linear.can_pack``; elsewhere autocast); activations, attention, the logits and everything LoRA stay
-  fp32 either way; the logprob mismatch bf16 adds, and its speed, are in the README. LoRA parameters, gradients and
-  Adam state in fp32; the sampler in fp32 (see ``default_sampling_dtype``).
+  (``fast_fp32_matmuls``; the base's Linear layers on weights packed once for oneDNN, ``frozen_linear``: ``W``
+  for the forward, ``Wᵀ`` for the input gradient). ``$TINKER_COOKBOOK_TRAIN_DTYPE=bf16`` packs those copies in
+  bf16 where the CPU has bf16 kernels (``frozen_linear.can_pack``; elsewhere autocast), so only the base's Linear
+  matmuls run in bf16: activations, attention, the logits and everything LoRA stay fp32; the logprob mismatch
+  that adds, and its speed, are in the README. LoRA parameters, gradients and Adam state in fp32; the sampler in
+  fp32 (see ``default_sampling_dtype``).
 - CUDA: the frozen base's matmuls in bf16 (autocast: bf16 tensor cores; weights stored fp32), LoRA parameters, gradients and Adam state in fp32,
   the sampler in bf16 with its K/V cache on the GPU.
 """

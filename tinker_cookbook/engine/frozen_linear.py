@@ -5,14 +5,16 @@ Training never changes a base weight, and LoRA needs only the gradient of a base
 ``W`` for the forward and ``Wᵀ`` for the input gradient, both in oneDNN's blocked layout, in the compute dtype.
 
 - bf16 (``$TINKER_COOKBOOK_TRAIN_DTYPE=bf16`` on a CPU with bf16 matrix instructions): the packed copies are bf16,
-  activations are cast to bf16 at the Linear's input and its output returned in fp32, so everything around the
-  base matmuls (norms, attention, LoRA, logits, gradients, Adam) stays fp32. Compared with ``torch.autocast``, no
-  weight is re-cast per call and the backward runs on the packed ``Wᵀ`` too.
+  activations are cast to bf16 at the Linear's input and its output returned in fp32 (in bf16 under autocast, as
+  autocast's own linear would), so everything around the base matmuls (norms, attention, LoRA, logits, gradients,
+  Adam) stays fp32. Compared with ``torch.autocast``, no weight is re-cast per call and the backward runs on the
+  packed ``Wᵀ`` too.
 - fp32: exact to fp32 rounding (oneDNN's fp32 kernels; only the summation order differs from a BLAS).
 
-Packing is probed once per dtype (``can_pack``: a tiny matmul against ``F.linear``); where it does not work (no
-oneDNN, no bf16 support, a non-CPU tensor) ``install`` changes nothing and the caller keeps its plain path. The
-packed copies cost memory: twice the weights in the compute dtype (for SmolLM2-135M in bf16: 0.54 GB). A module
+Packing is probed once per dtype (``can_pack``: a tiny matmul against a float64 reference); where it does not work
+(no oneDNN, no bf16 support, a non-CPU tensor) ``install`` changes nothing and the caller keeps its plain path. The
+packed copies cost memory: twice the weights in the compute dtype (SmolLM2-135M: 1.08 GB in fp32; 0.42 GB in bf16,
+where the engine leaves the unembedding fp32 and unpacked). A module
 whose weight is changed in place after packing is re-packed on its next call (checked through the tensor's
 version counter), so a packed copy never serves stale weights.
 
