@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
+from tinker_cookbook.engine import frozen_linear
 from tinker_cookbook.tinker.errors import BadRequestError
 
 if TYPE_CHECKING:
@@ -59,32 +60,8 @@ class DecoderSpec:
     """The context window: prompt plus generated tokens may not exceed it."""
 
 
-_PACK_BATCH_HINT = 128
 # The overload itself: calling it skips the packet's overload resolution on each of a decode step's ~120 calls.
 _LINEAR_POINTWISE = torch.ops.mkldnn._linear_pointwise.default
-_packing_works: dict[torch.dtype, bool] = {}
-
-
-def _can_pack(dtype: torch.dtype) -> bool:
-    """Whether oneDNN weight pre-packing works here for ``dtype`` and agrees with F.linear (checked once per dtype).
-
-    bf16 must give F.linear's exact results. fp32 may differ in the summation order only (a few ulp): oneDNN runs
-    its own AVX-512 fp32 kernels, 2-5x faster than the BLAS behind F.linear on CPUs where that BLAS takes a
-    narrower code path (measured on AMD EPYC; see bench/bench_sampling.py).
-    """
-    if dtype not in _packing_works:
-        try:
-            weight, x = torch.randn(48, 32).to(dtype), torch.randn(3, 32).to(dtype)
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_HINT)
-            out = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], "")
-            reference = F.linear(x, weight)
-            if dtype == torch.float32:
-                _packing_works[dtype] = bool(torch.allclose(out, reference, rtol=1e-5, atol=1e-5))
-            else:
-                _packing_works[dtype] = bool(torch.equal(out, reference))
-        except Exception:  # noqa: BLE001 - any failure (no oneDNN, no bf16 support) means: use F.linear
-            _packing_works[dtype] = False
-    return _packing_works[dtype]
 
 
 @dataclass
@@ -93,7 +70,8 @@ class Linear:
 
     F.linear re-lays out a bf16 weight for the AMX/AVX-512 kernels on every call; packing it once per snapshot
     makes decode-sized matmuls 25-50% faster with bit-identical results. In fp32, oneDNN's packed kernels are
-    2-5x faster than F.linear where the BLAS behind it does not use AVX-512 (see ``_can_pack``).
+    2-5x faster than F.linear where the BLAS behind it does not use AVX-512 (the probe and the packing are
+    ``frozen_linear``'s, shared with training).
     """
 
     weight: torch.Tensor
@@ -104,9 +82,8 @@ class Linear:
     def of(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
         weight = weight.contiguous()
         cpu = weight.device.type == "cpu"
-        if weight.dtype in (torch.bfloat16, torch.float32) and cpu and _can_pack(weight.dtype):
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_HINT)
-            return cls(packed, None if bias is None else bias.to(weight.dtype), packed=True)
+        if weight.dtype in (torch.bfloat16, torch.float32) and cpu and frozen_linear.can_pack(weight.dtype):
+            return cls(frozen_linear.pack(weight, weight.dtype), None if bias is None else bias.to(weight.dtype), packed=True)
         return cls(weight, None if bias is None else bias.to(weight.dtype))
 
     def raw(self, x: torch.Tensor) -> torch.Tensor:
