@@ -398,12 +398,16 @@ class TrainingSession:
         """``_run_group`` over groups of similar-length items, results in the original order."""
         logps: list[torch.Tensor] = [torch.empty(0)] * len(batch)
         totals = [0.0] * len(batch)
-        for group in _length_groups([len(item.input_ids) for item in batch]):
-            group_losses = [token_losses[i] for i in group] if token_losses is not None else None
-            with fast_fp32_matmuls(self.base.device):
-                group_logps, group_totals = self._run_group(model, [batch[i] for i in group], group_losses)
-            for i, logp, total in zip(group, group_logps, group_totals, strict=True):
-                logps[i], totals[i] = logp, total
+        # The adapter's deltas through multi_lora's fused add where it reproduces peft (text rows, plain LoRA).
+        layers = _lora_layers(self.base)
+        fused = not any(item.images for item in batch) and multi_lora.supports(layers, [self.run_id])
+        with multi_lora.one_adapter(layers, self.run_id, self.params) if fused else contextlib.nullcontext():
+            for group in _length_groups([len(item.input_ids) for item in batch]):
+                group_losses = [token_losses[i] for i in group] if token_losses is not None else None
+                with fast_fp32_matmuls(self.base.device):
+                    group_logps, group_totals = self._run_group(model, [batch[i] for i in group], group_losses)
+                for i, logp, total in zip(group, group_logps, group_totals, strict=True):
+                    logps[i], totals[i] = logp, total
         return logps, totals
 
     def forward(
