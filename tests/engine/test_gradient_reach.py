@@ -13,7 +13,7 @@ from gradient_reference import direct_gradients, pending_gradients, relative_dif
 
 from tinker_cookbook import tinker
 from tinker_cookbook.engine import losses
-from tinker_cookbook.engine.training import _chunk_logprobs, _reached_logprobs
+from tinker_cookbook.engine.passes import chunk_logprobs, reached_logprobs
 from tinker_cookbook.tinker import types
 
 MODEL = "tinker-cookbook/tiny-smollm2"
@@ -50,13 +50,13 @@ def test_reached_logprobs_equal_the_full_ones_and_graph_only_reached_rows(candid
 
     head = _RecordingHead(weight.clone())
     h = hidden.clone().requires_grad_(True)
-    logp = _reached_logprobs(head, h, targets, reach)
+    logp = reached_logprobs(head, h, targets, reach)
     (logp * upstream).sum().backward()
     assert head.rows_with_graph == 4
 
     full_head = _RecordingHead(weight.clone())
     full_h = hidden.clone().requires_grad_(True)
-    full = _chunk_logprobs(full_head, full_h, targets)
+    full = chunk_logprobs(full_head, full_h, targets)
     (full * upstream).sum().backward()
     assert full_head.rows_with_graph == 40
 
@@ -73,9 +73,9 @@ def test_no_reached_position_means_no_graph_and_all_reached_means_the_plain_path
     head = _RecordingHead(torch.randn(50, 8, generator=generator))
     hidden = torch.randn(6, 8, generator=generator, requires_grad=True)
     targets = torch.randint(0, 50, (6,), generator=generator)
-    assert not _reached_logprobs(head, hidden, targets, torch.zeros(6, dtype=torch.bool)).requires_grad
+    assert not reached_logprobs(head, hidden, targets, torch.zeros(6, dtype=torch.bool)).requires_grad
     assert head.rows_with_graph == 0
-    assert _reached_logprobs(head, hidden, targets, torch.ones(6, dtype=torch.bool)).requires_grad
+    assert reached_logprobs(head, hidden, targets, torch.ones(6, dtype=torch.bool)).requires_grad
     assert head.rows_with_graph == 6
 
 

@@ -213,7 +213,7 @@ def test_a_mixed_group_is_never_larger_than_a_members_largest_solo_group(
         engines: tuple[LocalBackend, LocalBackend], monkeypatch: pytest.MonkeyPatch) -> None:
     """Memory: a pass's activations grow with its padded size, so batching clients must not make groups larger
     than the largest one any of them would run alone (without the cap, four small batches form one big group)."""
-    from tinker_cookbook.engine import training
+    from tinker_cookbook.engine import passes, training
 
     batched, _ = engines
     sizes: list[int] = []
@@ -231,7 +231,7 @@ def test_a_mixed_group_is_never_larger_than_a_members_largest_solo_group(
     for future in futures:
         future.result()
     assert batched.batched_requests == len(clients)
-    solo_cap = max(training._largest_group_tokens([b.model_input.length for b in batch]) for batch in batches)
+    solo_cap = max(passes.largest_group_tokens([b.model_input.length for b in batch]) for batch in batches)
     assert sizes and max(sizes) <= solo_cap
     union = [b.model_input.length for batch in batches for b in batch]
-    assert training._largest_group_tokens(union) > solo_cap  # the case the cap is for
+    assert passes.largest_group_tokens(union) > solo_cap  # the case the cap is for

@@ -191,16 +191,6 @@ def test_prompts_with_a_shared_prefix_prefill_as_each_alone(make: Any) -> None:
         torch.testing.assert_close(sampler_model.logits(weights, hidden), reference, atol=1e-4, rtol=0)
 
 
-def test_shared_prefix_length() -> None:
-    prefix = list(range(100, 116))  # MIN_SHARED_PREFIX tokens
-    assert sampler_model.shared_prefix_length([prefix + [1], prefix + [2, 3]]) == 16
-    assert sampler_model.shared_prefix_length([prefix[:-1] + [1], prefix[:-1] + [2]]) == 0  # too short to share
-    assert sampler_model.shared_prefix_length([prefix + [1]]) == 0  # one prompt: nothing to share
-    # Each prompt keeps at least one token of its own (its last position's hidden state is computed with it).
-    assert sampler_model.shared_prefix_length([prefix + [1, 2], prefix + [1]]) == 16
-    assert sampler_model.shared_prefix_length([prefix + [9, 8, 7], prefix + [9, 8, 7]]) == 18
-
-
 @pytest.mark.parametrize(
     "of_row",
     [[2, 0, 2, 0, 2], [0, 1, 2], [0, 2]],

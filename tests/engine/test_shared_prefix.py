@@ -1,4 +1,4 @@
-"""Rows of one pass that start with the same tokens run that prefix through the decoder once (``_decoder_hidden``).
+"""Rows of one pass that start with the same tokens run that prefix through the decoder once (``passes.decoder_hidden``).
 
 RL batches are made of this: every sample of a prompt, and often every prompt (system prompt, few-shot examples),
 begins the same way. Values and gradients must be those of separate passes, to fp32 rounding.
@@ -12,26 +12,22 @@ import torch
 from gradient_reference import direct_gradients, pending_gradients, relative_difference
 
 from tinker_cookbook import tinker
-from tinker_cookbook.engine.training import SHARED_PREFIX_MIN_TOKENS, DatumTensors, _shared_prefix_length
+from tinker_cookbook.engine.passes import MIN_SHARED_PREFIX, shared_prefix_length
 from tinker_cookbook.tinker import types
 
 MODELS = ["tinker-cookbook/tiny-smollm2", "tinker-cookbook/tiny-qwen3"]
 
 
-def _items(*rows: list[int]) -> list[DatumTensors]:
-    return [DatumTensors(torch.tensor(r), {}) for r in rows]
-
-
 def test_shared_prefix_length() -> None:
-    prefix = list(range(100, 100 + SHARED_PREFIX_MIN_TOKENS + 4))
-    assert _shared_prefix_length(_items(prefix + [1, 2], prefix + [3])) == len(prefix)
+    prefix = list(range(100, 100 + MIN_SHARED_PREFIX + 4))
+    assert shared_prefix_length([prefix + [1, 2], prefix + [3]]) == len(prefix)
     # Every row keeps at least one token of its own, so a row that is all prefix shortens the shared part.
-    assert _shared_prefix_length(_items(prefix, prefix + [3, 4])) == len(prefix) - 1
+    assert shared_prefix_length([prefix, prefix + [3, 4]]) == len(prefix) - 1
     # Too short a common start, a single row, or a difference early on: no sharing.
-    short = prefix[: SHARED_PREFIX_MIN_TOKENS - 1]
-    assert _shared_prefix_length(_items(short + [1, 2, 3], short + [4, 5, 6])) == 0
-    assert _shared_prefix_length(_items(prefix + [1])) == 0
-    assert _shared_prefix_length(_items([7] + prefix, [8] + prefix)) == 0
+    short = prefix[: MIN_SHARED_PREFIX - 1]
+    assert shared_prefix_length([short + [1, 2, 3], short + [4, 5, 6]]) == 0
+    assert shared_prefix_length([prefix + [1]]) == 0
+    assert shared_prefix_length([[7] + prefix, [8] + prefix]) == 0
 
 
 def _rl_batch(seed: int, prompt_len: int = 24, groups: int = 2, samples: int = 3) -> list[types.Datum]:

@@ -1,11 +1,11 @@
-"""The head's log-softmax of the target tokens (``training._TargetLogprobs``) against float64 autograd."""
+"""The head's log-softmax of the target tokens (``passes.TargetLogprobs``) against float64 autograd."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tinker_cookbook.engine.training import _TargetLogprobs
+from tinker_cookbook.engine.passes import TargetLogprobs
 
 
 @pytest.mark.parametrize("candidates", [1, 3])
@@ -21,7 +21,7 @@ def test_target_logprobs_and_gradient_match_float64_autograd(candidates: int) ->
         index[:, 1] = index[:, 0]  # a repeated candidate
     upstream = torch.randn(33, candidates, generator=generator)
 
-    logp = _TargetLogprobs.apply(logits, index)
+    logp = TargetLogprobs.apply(logits, index)
     logp.backward(upstream)
     wide = logits.detach().double().requires_grad_(True)
     reference = wide.gather(-1, index) - torch.logsumexp(wide, dim=-1, keepdim=True)

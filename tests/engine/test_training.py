@@ -349,10 +349,10 @@ def test_bad_lora_config(service):
 
 
 def test_length_groups_bound_padding():
-    from tinker_cookbook.engine.training import GROUP_MAX_PAD_FRACTION, GROUP_MAX_TOKENS, _length_groups
+    from tinker_cookbook.engine.passes import GROUP_MAX_PAD_FRACTION, GROUP_MAX_TOKENS, length_groups
 
     lengths = [64, 500, 70, 65, 512, 300, 66, 2000, 3000]
-    groups = _length_groups(lengths)
+    groups = length_groups(lengths)
     assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
     for group in groups:
         padded = max(lengths[i] for i in group) * len(group)

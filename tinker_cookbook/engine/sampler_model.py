@@ -29,6 +29,7 @@ import torch.nn.functional as F
 import transformers
 
 from tinker_cookbook.engine import frozen_linear
+from tinker_cookbook.engine.passes import shared_prefix_length
 from tinker_cookbook.tinker.errors import BadRequestError
 
 if TYPE_CHECKING:
@@ -565,23 +566,6 @@ class PrefillResult:
 
     kv: list[torch.Tensor]
     hidden: list[torch.Tensor]
-
-
-MIN_SHARED_PREFIX = 16
-"""Prompts of one prefill that start with at least this many equal tokens compute that prefix once."""
-
-
-def shared_prefix_length(prompts: list[list[int]]) -> int:
-    """The tokens all ``prompts`` start with (each keeping at least one of its own), if at least
-    ``MIN_SHARED_PREFIX`` and there are several prompts; else 0."""
-    if len(prompts) < 2:
-        return 0
-    limit = min(len(p) for p in prompts) - 1
-    length = 0
-    first = prompts[0]
-    while length < limit and all(p[length] == first[length] for p in prompts):
-        length += 1
-    return length if length >= MIN_SHARED_PREFIX else 0
 
 
 @torch.inference_mode()

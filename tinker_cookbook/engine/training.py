@@ -29,18 +29,13 @@ import safetensors.torch
 import torch
 from transformers import PreTrainedModel
 
-from tinker_cookbook.engine import frozen_linear, losses, multi_lora, vision
+from tinker_cookbook.engine import frozen_linear, losses, multi_lora, passes, vision
 from tinker_cookbook.engine.device import fast_fp32_matmuls
 from tinker_cookbook.engine.models import ModelSpec
 from tinker_cookbook.engine.optimizer import AdamW, InvalidState, NonFiniteStep
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError, TinkerError, UnprocessableEntityError
 
-LOGPROB_CHUNK_TOKENS = 256
-SHARED_PREFIX_MIN_TOKENS = 16
-"""A pass whose rows all start with at least this many equal tokens runs that prefix through the decoder once."""
-GROUP_MAX_TOKENS = 2048
-GROUP_MAX_PAD_FRACTION = 0.15
 LORA_ALPHA = 32
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -362,8 +357,8 @@ class TrainingSession:
                 with multi_lora.row_segments(_lora_layers(self.base), _segments(row_adapters)):
                     hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
             else:
-                shared = 0 if self.base.is_vision else _shared_prefix_length(items)
-                hidden = _decoder_hidden(model, ids, shared)
+                shared = 0 if self.base.is_vision else passes.shared_prefix_length([item.input_ids.tolist() for item in items])
+                hidden = passes.decoder_hidden(model, ids, shared)
         self.base.decoder_positions += ids.numel() - (len(items) - 1) * shared
         # The unembedding and log-softmax run in fp32 outside autocast: logprobs are what the losses and RL's
         # importance ratios compare, so they get full precision whatever the decoder's.
@@ -373,14 +368,14 @@ class TrainingSession:
         for row, item in enumerate(items):
             targets, pieces, total = item.inputs["target_tokens"], [], 0.0
             row_head = head if row_adapters is None else multi_lora.with_adapter(head, row_adapters[row])
-            for start in range(0, len(targets), LOGPROB_CHUNK_TOKENS):
-                span = slice(start, min(start + LOGPROB_CHUNK_TOKENS, len(targets)))
+            for start in range(0, len(targets), passes.LOGPROB_CHUNK_TOKENS):
+                span = slice(start, min(start + passes.LOGPROB_CHUNK_TOKENS, len(targets)))
                 with torch.set_grad_enabled(grad):
                     if token_losses is None:
-                        logp = _chunk_logprobs(row_head, leaf[row, span], targets[span])
+                        logp = passes.chunk_logprobs(row_head, leaf[row, span], targets[span])
                     else:
                         reach = token_losses[row].reach
-                        logp = _reached_logprobs(row_head, leaf[row, span], targets[span],
+                        logp = passes.reached_logprobs(row_head, leaf[row, span], targets[span],
                                                  None if reach is None else reach[span])
                         loss = token_losses[row].fn(logp, span)
                         if loss.requires_grad:
@@ -402,7 +397,7 @@ class TrainingSession:
         layers = _lora_layers(self.base)
         fused = not any(item.images for item in batch) and multi_lora.supports(layers, [self.run_id])
         with multi_lora.one_adapter(layers, self.run_id, self.params) if fused else contextlib.nullcontext():
-            for group in _length_groups([len(item.input_ids) for item in batch]):
+            for group in passes.length_groups([len(item.input_ids) for item in batch]):
                 group_losses = [token_losses[i] for i in group] if token_losses is not None else None
                 with fast_fp32_matmuls(self.base.device):
                     group_logps, group_totals = self._run_group(model, [batch[i] for i in group], group_losses)
@@ -633,10 +628,10 @@ def _run_mixed(members: list[_PreparedForward]) -> list[Outcome]:
     model = base.activate(sessions[0].run_id)  # the wrapped HF model; no_active_adapter then disables them all
     # A mixed group is never larger than the largest group a member would run alone: the activations of a pass
     # (the bulk of a step's memory) then stay those of one client, whatever the number of clients batched.
-    cap = max(_largest_group_tokens([len(item.input_ids) for item in prepared.batch]) for prepared in members)
+    cap = max(passes.largest_group_tokens([len(item.input_ids) for item in prepared.batch]) for prepared in members)
     try:
         with multi_lora.no_active_adapter(layers, trainable):
-            for group in _length_groups([len(item.input_ids) for item in items], cap):
+            for group in passes.length_groups([len(item.input_ids) for item in items], cap):
                 group = sorted(group, key=lambda r: rows[r][0])  # each session's rows contiguous (stable sort)
                 group_losses = None
                 if losses_by_member is not None:
@@ -685,33 +680,6 @@ def _segments(row_adapters: list[str]) -> list[tuple[str, int]]:
     return segments
 
 
-def _length_groups(lengths: list[int], max_tokens: int = GROUP_MAX_TOKENS) -> list[list[int]]:
-    """Indices grouped for padded batches: similar lengths together, padding and size bounded.
-
-    Many short sequences (RL rollouts) run far faster as one batch than one by one on a CPU, while mixing very
-    different lengths would spend compute on padding; a group grows (in length order) while its padded size stays
-    within ``max_tokens`` and padding within GROUP_MAX_PAD_FRACTION of it.
-    """
-    groups: list[list[int]] = []
-    current: list[int] = []
-    for index in sorted(range(len(lengths)), key=lambda i: lengths[i]):
-        candidate = [*current, index]
-        padded = lengths[index] * len(candidate)
-        real = sum(lengths[i] for i in candidate)
-        if current and (padded > max_tokens or padded - real > GROUP_MAX_PAD_FRACTION * padded):
-            groups.append(current)
-            candidate = [index]
-        current = candidate
-    if current:
-        groups.append(current)
-    return groups
-
-
-def _largest_group_tokens(lengths: list[int]) -> int:
-    """The padded size (rows x longest row) of the largest group ``_length_groups(lengths)`` makes."""
-    return max(len(group) * max(lengths[i] for i in group) for group in _length_groups(lengths))
-
-
 def _surrogate(coeffs: torch.Tensor) -> TokenLoss:
     """The token loss sum(coeffs · logp), whose gradient is the custom loss's (``coeffs`` = dloss/dlogp)."""
     reach = (coeffs != 0).any(dim=-1) if coeffs.dim() == 2 else coeffs != 0
@@ -730,89 +698,6 @@ def _short(value: Any, limit: int = 80) -> str:
     """``repr(value)``, cut to ``limit`` characters for error messages."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _shared_prefix_length(items: list[DatumTensors]) -> int:
-    """How many leading tokens all ``items`` share (each keeping one token of its own), or 0 if fewer than
-    ``SHARED_PREFIX_MIN_TOKENS``: in RL every sample of a prompt, and often every prompt of a batch (a system
-    prompt, few-shot examples), starts the same way."""
-    if len(items) < 2:
-        return 0
-    limit = min(len(item.input_ids) for item in items) - 1
-    if limit < SHARED_PREFIX_MIN_TOKENS:
-        return 0
-    first = items[0].input_ids[:limit]
-    same = torch.ones(limit, dtype=torch.bool, device=first.device)
-    for item in items[1:]:
-        same &= item.input_ids[:limit] == first
-    length = int(same.cumprod(0).sum())  # the run of equal positions from the start
-    return length if length >= SHARED_PREFIX_MIN_TOKENS else 0
-
-
-def _decoder_hidden(model: Any, ids: torch.Tensor, shared: int) -> torch.Tensor:
-    """The decoder's final hidden states of the right-padded rows ``ids``, their first ``shared`` tokens equal.
-
-    The shared prefix runs once, with its K/V cache kept in the graph; the cache is repeated for every row and the
-    rows' own tokens attend to it. Same values as one pass over the full rows (causal attention: a prefix token
-    never sees what follows it), to fp32 rounding; the backward sums each row's gradient into the one prefix.
-    """
-    if shared == 0:
-        return model.model(input_ids=ids, use_cache=False).last_hidden_state
-    prefix = model.model(input_ids=ids[:1, :shared], use_cache=True)
-    cache = prefix.cache
-    cache.batch_repeat_interleave(ids.shape[0])
-    rest = model.model(input_ids=ids[:, shared:], cache=cache, use_cache=True).last_hidden_state
-    return torch.cat([prefix.last_hidden_state.expand(ids.shape[0], -1, -1), rest], dim=1)
-
-
-def _reached_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
-                      reach: torch.Tensor | None) -> torch.Tensor:
-    """``_chunk_logprobs`` whose graph covers only the ``reach`` positions (None: all); the rest are constants.
-
-    Each position's logits are computed once: the unreached ones without a graph, the reached ones with it.
-    """
-    if reach is None or bool(reach.all()):
-        return _chunk_logprobs(head, hidden, targets)
-    if not bool(reach.any()):
-        with torch.no_grad():
-            return _chunk_logprobs(head, hidden, targets)
-    on, off = reach.nonzero().squeeze(-1), (~reach).nonzero().squeeze(-1)
-    with torch.no_grad():
-        constant = _chunk_logprobs(head, hidden[off], targets[off])
-    reached = _chunk_logprobs(head, hidden[on], targets[on])
-    # Out of place, so that autograd sees the reached values (and their graph) land at their positions.
-    logp = torch.zeros(targets.shape, dtype=constant.dtype, device=constant.device)
-    return logp.index_copy(0, off, constant).index_copy(0, on, reached)
-
-
-def _chunk_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Logprobs of ``targets`` (shape [s], or [s, k] for k candidates per position), shaped like ``targets``."""
-    logits = head(hidden).float()
-    index = targets if targets.dim() == 2 else targets[:, None]
-    logp = _TargetLogprobs.apply(logits, index)
-    return logp if targets.dim() == 2 else logp.squeeze(-1)
-
-
-class _TargetLogprobs(torch.autograd.Function):
-    """``logits.gather(-1, index) - logsumexp(logits)``, with a backward that makes one vocabulary-wide tensor.
-
-    Autograd of the two ops would allocate and sweep several [tokens, vocab] tensors (the softmax, its product
-    with the gradient, a zero-filled scatter target, their sum); here the gradient
-    ``scatter(g) - softmax · sum(g)`` is built in one buffer, in place (the same gradient, to fp32 rounding).
-    """
-
-    @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-        ctx.save_for_backward(logits, index, lse)
-        return logits.gather(-1, index) - lse
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
-        logits, index, lse = ctx.saved_tensors
-        out = torch.sub(logits, lse).exp_()
-        out.mul_(grad.sum(dim=-1, keepdim=True).neg_())
-        return out.scatter_add_(-1, index, grad), None
 
 
 def _validate_adam(hp: Any) -> None:

@@ -1,0 +1,126 @@
+"""One training pass's building blocks: which rows run together, the decoder's hidden states of a padded batch
+(a shared prefix once), and the target tokens' logprobs from the unembedding in chunks.
+
+Also the rule for a shared prefix that the sampler's prefill uses too (``shared_prefix_length``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+LOGPROB_CHUNK_TOKENS = 256
+GROUP_MAX_TOKENS = 2048
+GROUP_MAX_PAD_FRACTION = 0.15
+MIN_SHARED_PREFIX = 16
+"""Rows (training) or prompts (the sampler's prefill) that start with at least this many equal tokens compute that
+prefix once: in RL every sample of a prompt, and often every prompt of a batch (a system prompt, few-shot
+examples), starts the same way."""
+
+
+def shared_prefix_length(rows: Sequence[Sequence[int]]) -> int:
+    """The tokens all ``rows`` start with (each keeping at least one of its own: its last position's output is
+    computed with it), if at least ``MIN_SHARED_PREFIX`` and there are several rows; else 0."""
+    if len(rows) < 2:
+        return 0
+    limit = min(len(r) for r in rows) - 1
+    length = 0
+    first = rows[0]
+    while length < limit and all(r[length] == first[length] for r in rows):
+        length += 1
+    return length if length >= MIN_SHARED_PREFIX else 0
+
+
+def length_groups(lengths: list[int], max_tokens: int = GROUP_MAX_TOKENS) -> list[list[int]]:
+    """Indices grouped for padded batches: similar lengths together, padding and size bounded.
+
+    Many short sequences (RL rollouts) run far faster as one batch than one by one on a CPU, while mixing very
+    different lengths would spend compute on padding; a group grows (in length order) while its padded size stays
+    within ``max_tokens`` and padding within GROUP_MAX_PAD_FRACTION of it.
+    """
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for index in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        candidate = [*current, index]
+        padded = lengths[index] * len(candidate)
+        real = sum(lengths[i] for i in candidate)
+        if current and (padded > max_tokens or padded - real > GROUP_MAX_PAD_FRACTION * padded):
+            groups.append(current)
+            candidate = [index]
+        current = candidate
+    if current:
+        groups.append(current)
+    return groups
+
+
+def largest_group_tokens(lengths: list[int]) -> int:
+    """The padded size (rows x longest row) of the largest group ``length_groups(lengths)`` makes."""
+    return max(len(group) * max(lengths[i] for i in group) for group in length_groups(lengths))
+
+
+def decoder_hidden(model: Any, ids: torch.Tensor, shared: int) -> torch.Tensor:
+    """The decoder's final hidden states of the right-padded rows ``ids``, their first ``shared`` tokens equal.
+
+    The shared prefix runs once, with its K/V cache kept in the graph; the cache is repeated for every row and the
+    rows' own tokens attend to it. Same values as one pass over the full rows (causal attention: a prefix token
+    never sees what follows it), to fp32 rounding; the backward sums each row's gradient into the one prefix.
+    """
+    if shared == 0:
+        return model.model(input_ids=ids, use_cache=False).last_hidden_state
+    prefix = model.model(input_ids=ids[:1, :shared], use_cache=True)
+    cache = prefix.cache
+    cache.batch_repeat_interleave(ids.shape[0])
+    rest = model.model(input_ids=ids[:, shared:], cache=cache, use_cache=True).last_hidden_state
+    return torch.cat([prefix.last_hidden_state.expand(ids.shape[0], -1, -1), rest], dim=1)
+
+
+def reached_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
+                      reach: torch.Tensor | None) -> torch.Tensor:
+    """``chunk_logprobs`` whose graph covers only the ``reach`` positions (None: all); the rest are constants.
+
+    Each position's logits are computed once: the unreached ones without a graph, the reached ones with it.
+    """
+    if reach is None or bool(reach.all()):
+        return chunk_logprobs(head, hidden, targets)
+    if not bool(reach.any()):
+        with torch.no_grad():
+            return chunk_logprobs(head, hidden, targets)
+    on, off = reach.nonzero().squeeze(-1), (~reach).nonzero().squeeze(-1)
+    with torch.no_grad():
+        constant = chunk_logprobs(head, hidden[off], targets[off])
+    reached = chunk_logprobs(head, hidden[on], targets[on])
+    # Out of place, so that autograd sees the reached values (and their graph) land at their positions.
+    logp = torch.zeros(targets.shape, dtype=constant.dtype, device=constant.device)
+    return logp.index_copy(0, off, constant).index_copy(0, on, reached)
+
+
+def chunk_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Logprobs of ``targets`` (shape [s], or [s, k] for k candidates per position), shaped like ``targets``."""
+    logits = head(hidden).float()
+    index = targets if targets.dim() == 2 else targets[:, None]
+    logp = TargetLogprobs.apply(logits, index)
+    return logp if targets.dim() == 2 else logp.squeeze(-1)
+
+
+class TargetLogprobs(torch.autograd.Function):
+    """``logits.gather(-1, index) - logsumexp(logits)``, with a backward that makes one vocabulary-wide tensor.
+
+    Autograd of the two ops would allocate and sweep several [tokens, vocab] tensors (the softmax, its product
+    with the gradient, a zero-filled scatter target, their sum); here the gradient
+    ``scatter(g) - softmax · sum(g)`` is built in one buffer, in place (the same gradient, to fp32 rounding).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+        ctx.save_for_backward(logits, index, lse)
+        return logits.gather(-1, index) - lse
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        logits, index, lse = ctx.saved_tensors
+        out = torch.sub(logits, lse).exp_()
+        out.mul_(grad.sum(dim=-1, keepdim=True).neg_())
+        return out.scatter_add_(-1, index, grad), None
