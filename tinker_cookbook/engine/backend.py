@@ -9,7 +9,7 @@ requests.
 Clients on one base share a pass through it: when the worker starts a built-in-loss ``forward`` or
 ``forward_backward``, it takes along the queued requests of the same kind of other sessions that are next in their
 session's order (nothing of that session queued before them, and no request that belongs to no session, such as
-creating a client, queued before them), and runs them together (``training.forward_together``: each row through its
+creating a client, queued before them), and runs them together (``multi_client.forward_together``: each row through its
 own adapter, results per request as if alone). Requests of different sessions are independent (the base is
 frozen), so this reorders nothing that any client can observe; a taken request's future is completed in its own
 turn in the queue.
@@ -38,13 +38,13 @@ from tinker_cookbook.engine import device as engine_devices
 from tinker_cookbook.engine import models
 from tinker_cookbook.engine.checkpoint_store import CheckpointKind, CheckpointStore
 from tinker_cookbook.engine.exit_hooks import CloseAtExit
+from tinker_cookbook.engine.multi_client import forward_together
 from tinker_cookbook.engine.training import (
     BaseModel,
     CustomLossFn,
     ForwardRequest,
     Outcome,
     TrainingSession,
-    forward_together,
     read_sampler_adapter,
 )
 from tinker_cookbook.tinker import types

@@ -3,7 +3,7 @@
 ``BaseModel`` holds one base model's weights once per process (roadmap: many adapters on one base). Each
 training client is a ``TrainingSession``: a named peft adapter on that base, its AdamW state and its pending
 gradients. Sessions never see each other's parameters: the engine runs one request at a time and activates the
-request's adapter first, or runs built-in-loss requests of several sessions in one pass (``forward_together``)
+request's adapter first, or runs built-in-loss requests of several sessions in one pass (``multi_client.forward_together``)
 with each row routed through its own session's adapter (``multi_lora``).
 
 Memory: a sequence's logprobs are computed from the final hidden states in token chunks, each chunk's loss
@@ -201,7 +201,7 @@ class ForwardRequest:
 
 
 @dataclass
-class _PreparedForward:
+class PreparedForward:
     """A validated built-in-loss request: its session, loss and data tensors."""
 
     session: TrainingSession
@@ -354,7 +354,7 @@ class TrainingSession:
             if images:
                 hidden = vision.language_hidden(model, ids, images)
             elif row_adapters is not None:
-                with multi_lora.row_segments(_lora_layers(self.base), _segments(row_adapters)):
+                with multi_lora.row_segments(lora_layers(self.base), _segments(row_adapters)):
                     hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
             else:
                 shared = 0 if self.base.is_vision else passes.shared_prefix_length([item.input_ids.tolist() for item in items])
@@ -394,7 +394,7 @@ class TrainingSession:
         logps: list[torch.Tensor] = [torch.empty(0)] * len(batch)
         totals = [0.0] * len(batch)
         # The adapter's deltas through multi_lora's fused add where it reproduces peft (text rows, plain LoRA).
-        layers = _lora_layers(self.base)
+        layers = lora_layers(self.base)
         fused = not any(item.images for item in batch) and multi_lora.supports(layers, [self.run_id])
         with multi_lora.one_adapter(layers, self.run_id, self.params) if fused else contextlib.nullcontext():
             for group in passes.length_groups([len(item.input_ids) for item in batch]):
@@ -410,20 +410,20 @@ class TrainingSession:
     ) -> types.ForwardBackwardOutput:
         return self._run_prepared(self._prepare_forward(ForwardRequest(data, loss_fn, loss_fn_config, backward)))
 
-    def _prepare_forward(self, request: ForwardRequest) -> _PreparedForward:
+    def _prepare_forward(self, request: ForwardRequest) -> PreparedForward:
         """Everything about a built-in-loss request that can be refused before the model runs."""
         spec = losses.get_loss(request.loss_fn)
         config = losses.resolve_config(request.loss_fn, request.loss_fn_config)
         batch = self._validate(request.data, spec.required_inputs)
-        return _PreparedForward(self, request, spec, config, batch)
+        return PreparedForward(self, request, spec, config, batch)
 
-    def _run_prepared(self, prepared: _PreparedForward) -> types.ForwardBackwardOutput:
+    def _run_prepared(self, prepared: PreparedForward) -> types.ForwardBackwardOutput:
         """One built-in-loss request on its own: the session's adapter active on every row."""
         model = self.base.activate(self.run_id)
         if prepared.request.backward:
             with self._all_or_nothing():
                 logps, totals = self._run_batch(model, prepared.batch, prepared.token_losses())
-                _check_losses_finite(totals)
+                check_losses_finite(totals)
                 self._check_grads_finite("forward_backward")
             self.pending_backward += 1
             return prepared.output(logps, totals)
@@ -561,111 +561,7 @@ Outcome = types.ForwardBackwardOutput | BaseException
 """A request's response, or the exception it failed with."""
 
 
-def forward_together(requests: list[tuple[TrainingSession, ForwardRequest]]) -> tuple[list[Outcome], int]:
-    """Built-in-loss requests of different sessions (all ``backward`` or all not), each as if it ran alone.
-
-    Returns each request's outcome and how many of them ran in a mixed pass. Each request is validated on its own
-    (a refused one fails alone). Requests of sessions on one dense, text-only base then run together: one pass
-    through the base per length group, rows of several sessions side by side, each row through its own adapter
-    (``multi_lora``); the sessions' gradients are separate parameters, so each lands where it belongs, and the
-    all-or-nothing rule holds per session. A request with images, on a vision or mixture-of-experts base, or alone
-    on its base runs by itself, as does every request when the adapters use a LoRA feature ``multi_lora`` does not
-    reproduce. Sessions whose ranks or target sets (train_attn/train_mlp/train_unembed) differ do mix.
-    """
-    outcomes: list[Outcome | None] = [None] * len(requests)
-    by_base: dict[int, list[tuple[int, _PreparedForward]]] = {}
-    for i, (session, request) in enumerate(requests):
-        try:
-            prepared = session._prepare_forward(request)
-        except Exception as exc:  # noqa: BLE001 - each request's failure is its own; the caller reports it
-            outcomes[i] = exc
-            continue
-        if any(item.images for item in prepared.batch) or not _mixable_base(session.base):
-            outcomes[i] = _run_alone(prepared)
-        else:
-            by_base.setdefault(id(session.base), []).append((i, prepared))
-    mixed = 0
-    for members in by_base.values():
-        base = members[0][1].session.base
-        names = [prepared.session.run_id for _, prepared in members]
-        if len(members) > 1 and multi_lora.supports(_lora_layers(base), names):
-            for (i, _), outcome in zip(members, _run_mixed([prepared for _, prepared in members]), strict=True):
-                outcomes[i] = outcome
-            mixed += len(members)
-        else:
-            for i, prepared in members:
-                outcomes[i] = _run_alone(prepared)
-    return [o if o is not None else RuntimeError("request not run (an engine bug)") for o in outcomes], mixed
-
-
-def _run_alone(prepared: _PreparedForward) -> Outcome:
-    try:
-        return prepared.session._run_prepared(prepared)
-    except Exception as exc:  # noqa: BLE001 - the caller reports it as this request's failure
-        return exc
-
-
-def _mixable_base(base: BaseModel) -> bool:
-    """Whether every adapted layer of ``base`` sees batch rows on dim 0 in a text pass: dense text decoders do;
-    mixture-of-experts layers route flattened tokens, and vision towers are left out to keep to what is tested."""
-    model_type = str(getattr(base.config, "model_type", ""))
-    return not base.is_vision and not model_type.endswith("_moe")
-
-
-def _run_mixed(members: list[_PreparedForward]) -> list[Outcome]:
-    """One mixed run of requests of different sessions on one base (see ``forward_together``)."""
-    base = members[0].session.base
-    backward = members[0].request.backward
-    sessions = [prepared.session for prepared in members]
-    rows = [(k, j) for k, prepared in enumerate(members) for j in range(len(prepared.batch))]
-    items = [members[k].batch[j] for k, j in rows]
-    losses_by_member = [prepared.token_losses() for prepared in members] if backward else None
-    logps: list[list[torch.Tensor]] = [[torch.empty(0)] * len(prepared.batch) for prepared in members]
-    totals: list[list[float]] = [[0.0] * len(prepared.batch) for prepared in members]
-    saved = [session._saved_grads() for session in sessions] if backward else []
-    trainable = {f"{s.run_id}/{k}": p for s in sessions for k, p in s.params.items()} if backward else {}
-    layers = _lora_layers(base)
-    model = base.activate(sessions[0].run_id)  # the wrapped HF model; no_active_adapter then disables them all
-    # A mixed group is never larger than the largest group a member would run alone: the activations of a pass
-    # (the bulk of a step's memory) then stay those of one client, whatever the number of clients batched.
-    cap = max(passes.largest_group_tokens([len(item.input_ids) for item in prepared.batch]) for prepared in members)
-    try:
-        with multi_lora.no_active_adapter(layers, trainable):
-            for group in passes.length_groups([len(item.input_ids) for item in items], cap):
-                group = sorted(group, key=lambda r: rows[r][0])  # each session's rows contiguous (stable sort)
-                group_losses = None
-                if losses_by_member is not None:
-                    group_losses = [losses_by_member[rows[r][0]][rows[r][1]] for r in group]
-                names = [sessions[rows[r][0]].run_id for r in group]
-                with fast_fp32_matmuls(base.device):
-                    group_logps, group_totals = sessions[0]._run_group(
-                        model, [items[r] for r in group], group_losses, row_adapters=names)
-                for r, logp, total in zip(group, group_logps, group_totals, strict=True):
-                    k, j = rows[r]
-                    logps[k][j], totals[k][j] = logp, total
-    except BaseException:
-        for session, grads in zip(sessions, saved, strict=True):
-            session._restore_grads(grads)
-        raise
-    outcomes: list[Outcome] = []
-    for k, prepared in enumerate(members):
-        if not backward:
-            outcomes.append(prepared.output(logps[k], None))
-            continue
-        session = prepared.session
-        try:
-            _check_losses_finite(totals[k])
-            session._check_grads_finite("forward_backward")
-        except TinkerError as exc:
-            session._restore_grads(saved[k])
-            outcomes.append(exc)
-            continue
-        session.pending_backward += 1
-        outcomes.append(prepared.output(logps[k], totals[k]))
-    return outcomes
-
-
-def _lora_layers(base: BaseModel) -> list[Any]:
+def lora_layers(base: BaseModel) -> list[Any]:
     return multi_lora.lora_layers(base._peft_model)
 
 
@@ -718,7 +614,7 @@ def _validate_adam(hp: Any) -> None:
             raise BadRequestError(f"AdamParams.{name}={value!r} is invalid; it must be a finite number {rule}")
 
 
-def _check_losses_finite(totals: list[float]) -> None:
+def check_losses_finite(totals: list[float]) -> None:
     bad = [i for i, total in enumerate(totals) if not math.isfinite(total)]
     if bad:
         raise UnprocessableEntityError(
