@@ -55,7 +55,7 @@ from typing import Any, Self
 import torch
 import transformers
 
-from tinker_cookbook.engine import sampler_model, vision
+from tinker_cookbook.engine import sampler_lora, sampler_model, vision
 from tinker_cookbook.engine.exit_hooks import CloseAtExit
 from tinker_cookbook.engine.sampler_batch import (
     KVPool,
@@ -86,8 +86,9 @@ _DTYPES = {
 _PREFILL_TOKEN_BUDGET = 4096
 # Prompt positions scored per unembedding matmul when prompt logprobs are asked for (bounds [rows, vocab] memory).
 _SCORE_CHUNK = 256
-PromptKey = tuple[tuple[int, ...], Hashable]
-"""A prompt's tokens and the key of its images: requests with equal keys have the same prompt K/V."""
+PromptKey = tuple[tuple[int, ...], Hashable, Hashable]
+"""A prompt's tokens, the key of its images and the snapshot's unmerged adapter (by identity): requests with equal
+keys have the same prompt K/V."""
 # An idle engine that receives a request waits while more arrive within this gap (at most the max in all), so a
 # burst of requests shares one prefill; a lone request waits one gap.
 _BURST_GAP_S = 0.003
@@ -121,13 +122,18 @@ def default_sampling_dtype(device: torch.device | str | None = None) -> torch.dt
 
 @dataclass(frozen=True, eq=False)
 class SamplingWeights:
-    """Immutable weights of one model snapshot for sampling (base + optional LoRA, merged once).
+    """Immutable weights of one model snapshot for sampling: base + optional LoRA, merged once, or kept apart.
 
-    Compared and hashed by identity: each snapshot is its own batch in the engine.
+    Compared and hashed by identity. Snapshots with their own (merged) decoder each decode in a batch of their own;
+    unmerged snapshots of one base and that base itself share its decoder and decode together (``sampler_lora``).
     """
 
     decoder: sampler_model.DecoderWeights
+    """The fused weights the snapshot decodes with: its merged copy, or the base shared with other snapshots."""
+
     limits: ModelLimits
+    adapter: sampler_lora.Adapter | None = None
+    """The unmerged LoRA applied on top of ``decoder`` (None: nothing to add)."""
 
     @classmethod
     def build(
@@ -137,15 +143,26 @@ class SamplingWeights:
         adapter_state: Mapping[str, torch.Tensor] | None,
         adapter_config: Mapping[str, Any] | None,
         dtype: torch.dtype,
+        lora_mode: str | None = None,
     ) -> SamplingWeights:
-        """Fuse an HF state dict into sampler weights of ``dtype``, merging a PEFT LoRA adapter if given.
+        """Fuse an HF state dict into sampler weights of ``dtype``, with a PEFT LoRA adapter if given.
 
         ``base_state`` holds plain HF keys and is only read (merged tensors are new copies). ``adapter_state`` holds
-        PEFT saved-format keys; the merge is ``W + lora_alpha / r * B @ A`` (``/ sqrt(r)`` with rsLoRA).
+        PEFT saved-format keys; the update is ``lora_alpha / r * B @ A`` (``/ sqrt(r)`` with rsLoRA), merged into
+        a copy of the weights or kept apart on the shared base: ``lora_mode`` merged | unmerged | auto (None:
+        ``$TINKER_COOKBOOK_SAMPLER_LORA``, else auto), see ``sampler_lora``.
         """
-        decoder = sampler_model.build_decoder_weights(
-            config, base_state, adapter_state, adapter_config, dtype
-        )
+        decoder: sampler_model.DecoderWeights | None = None
+        adapter = None
+        if sampler_lora.use_unmerged(sampler_lora.lora_mode(lora_mode), base_state, dtype):
+            base = sampler_lora.shared_base(config, base_state, dtype)
+            if not adapter_state:
+                decoder = base
+            else:
+                adapter = sampler_lora.build_adapter(base, base_state, adapter_state, adapter_config)
+                decoder = base if adapter is not None else None
+        if decoder is None:
+            decoder = sampler_model.build_decoder_weights(config, base_state, adapter_state, adapter_config, dtype)
         spec = decoder.spec
         limits = ModelLimits(
             vocab_size=spec.vocab_size,
@@ -154,7 +171,12 @@ class SamplingWeights:
             accepts_images=spec.model_type.startswith("qwen3_vl") and spec.model_type != "qwen3_vl_text",
             vision=vision.sampler_vision(config, base_state),
         )
-        return cls(decoder=decoder, limits=limits)
+        return cls(decoder=decoder, limits=limits, adapter=adapter)
+
+    @property
+    def model(self) -> sampler_model.DecoderWeights:
+        """The decoder with this snapshot's adapter on every row."""
+        return self.decoder if self.adapter is None else self.adapter.alone()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -205,8 +227,11 @@ class _Request:
         self.kv: torch.Tensor | None = None
         """The prefilled prompt K/V while some samples wait for a slot."""
 
-        self.prompt_key: PromptKey = (tuple(spec.prompt), spec.vision.key if spec.vision is not None else ())
-        """Tokens and images: requests with equal keys have the same prompt K/V (prefilled and stored once)."""
+        self.prompt_key: PromptKey = (
+            tuple(spec.prompt), spec.vision.key if spec.vision is not None else (), weights.adapter
+        )
+        """Tokens, images and adapter: requests with equal keys have the same prompt K/V (prefilled and stored
+        once)."""
         self.prompt_logprobs: list[float | None] | None = None
         self.topk_prompt_logprobs: list[list[tuple[int, float]] | None] | None = None
 
@@ -225,11 +250,10 @@ class _Request:
 
 
 class _Batch:
-    """Requests and sequences of one weights snapshot."""
+    """Requests and sequences of one decoder: a merged snapshot, or a base and its unmerged snapshots."""
 
-    def __init__(self, weights: SamplingWeights):
-        self.weights = weights
-        decoder = weights.decoder
+    def __init__(self, decoder: sampler_model.DecoderWeights):
+        self.decoder = decoder
         dtype = sampler_model.kv_cache_dtype(decoder)
         self.pool = KVPool(decoder.spec, dtype, decoder.device)
         """Each decoding sequence's generated tokens."""
@@ -345,9 +369,9 @@ class SamplerEngine:
                         break
                     incoming, self._incoming = self._incoming, []
                 for request in incoming:
-                    key = id(request.weights)
+                    key = id(request.weights.decoder)  # the batch holds the decoder: the id stays its own
                     if key not in self._batches:
-                        self._batches[key] = _Batch(request.weights)
+                        self._batches[key] = _Batch(request.weights.decoder)
                     self._batches[key].waiting.append(request)
                 for key, batch in list(self._batches.items()):
                     try:
@@ -411,16 +435,21 @@ class SamplerEngine:
             chosen.append(request)
             tokens += len(request.spec.prompt)
             room -= request.spec.num_samples
-        if chosen:
-            self._prefill(batch, chosen)
+        # One prefill per adapter: a prompt's K/V are its own snapshot's (a shared prefix too).
+        by_adapter: dict[int, list[_Request]] = {}
+        for request in chosen:
+            by_adapter.setdefault(id(request.weights.adapter), []).append(request)
+        for group in by_adapter.values():
+            self._prefill(batch, group)
 
     def _prefill(self, batch: _Batch, requests: list[_Request]) -> None:
-        """One packed forward over the distinct prompts of ``requests`` (identical prompts are computed once)."""
-        decoder = batch.weights.decoder
+        """One packed forward over the distinct prompts of ``requests`` (identical prompts are computed once), all
+        of one snapshot or of snapshots with the same decoder and adapter."""
+        decoder = requests[0].weights.model
         prompts = {r.prompt_key: (r.spec.prompt, r.spec.vision) for r in requests}
         distinct = list(prompts)
         try:
-            limits = batch.weights.limits
+            limits = requests[0].weights.limits
             images = limits.vision.pack([prompts[k] for k in distinct]) if limits.vision is not None else None
             result = sampler_model.prefill(decoder, [prompts[k][0] for k in distinct], batch.pool.dtype, images)
             # The last position's hidden state of each distinct prompt: every sample of every request with that
@@ -451,16 +480,16 @@ class SamplerEngine:
             # Requests sharing a prompt share its K/V tensor: it is only ever read (copied into the prompt pool).
             request.kv = result.kv[row]
             started.append((request, row))
-        self._first_tokens(batch, started, last_logits, last_hidden)
+        self._first_tokens(batch, decoder, started, last_logits, last_hidden)
 
     def _score_prompt(self, batch: _Batch, request: _Request, hidden: torch.Tensor) -> None:
         """The prompt logprobs (and top-k) of ``request``, when asked for."""
         spec = request.spec
         if not (spec.include_prompt_logprobs or spec.topk_prompt_logprobs):
             return
-        scored, topk = _score_prompt(batch.weights.decoder, hidden, spec.prompt, spec.topk_prompt_logprobs)
+        scored, topk = _score_prompt(request.weights.model, hidden, spec.prompt, spec.topk_prompt_logprobs)
         if spec.vision is not None:  # an image placeholder has no meaningful logprob
-            placeholder = batch.weights.limits.vision.image_token_id  # type: ignore[union-attr]
+            placeholder = request.weights.limits.vision.image_token_id  # type: ignore[union-attr]
             for position in (i for i, t in enumerate(spec.prompt) if t == placeholder):
                 scored[position] = None
                 if topk is not None:
@@ -468,11 +497,10 @@ class SamplerEngine:
         request.prompt_logprobs = scored if spec.include_prompt_logprobs else None
         request.topk_prompt_logprobs = topk
 
-    def _first_tokens(self, batch: _Batch, started: list[tuple[_Request, int]], last_logits: torch.Tensor,
-                      last_hidden: torch.Tensor) -> None:
+    def _first_tokens(self, batch: _Batch, decoder: sampler_model.DecoderWeights, started: list[tuple[_Request, int]],
+                      last_logits: torch.Tensor, last_hidden: torch.Tensor) -> None:
         """Draw every sample's first token from its prompt's last logits (row ``row`` of ``last_logits``), all
         requests of a prefill together, and queue the unfinished samples for cache slots."""
-        decoder = batch.weights.decoder
         sequences: list[tuple[Sequence, int]] = []
         for request, row in started:
             spec = request.spec
@@ -557,7 +585,7 @@ class SamplerEngine:
     def _decode(self, batch: _Batch) -> None:
         """Advance every active sequence of ``batch`` by one token."""
         active = batch.active
-        decoder = batch.weights.decoder
+        decoder = sampler_lora.for_rows(batch.decoder, [s.request.weights.adapter for s in active])
         positions = [s.cached for s in active]
         rope = [s.cached + s.rope_delta for s in active]  # differs after images (multimodal positions)
         attend = max(s.generated_cached for s in active) + 1

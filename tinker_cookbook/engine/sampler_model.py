@@ -161,6 +161,11 @@ class DecoderWeights:
             self._rope_cache = tables
         return tables
 
+    def unembed_update(self, x: torch.Tensor, columns: torch.Tensor) -> torch.Tensor | None:
+        """What an unmerged LoRA adds to the logits at ``columns [rows, k]`` of normed hidden states ``x [rows, H]``
+        (``[rows, k]`` fp32), or None: merged weights have none (``sampler_lora``'s views override this)."""
+        return None
+
     def num_bytes(self) -> int:
         """Bytes of the tensors read for every decoded token (all matmul weights, norms, the unembedding)."""
         total = self.unembed.num_bytes() + self.final_norm.numel() * self.final_norm.element_size()
@@ -316,6 +321,22 @@ def lora_deltas(
 _LORA_PARTS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
 
 
+def parse_adapter(
+    base_state: Mapping[str, torch.Tensor],
+    adapter_state: Mapping[str, torch.Tensor],
+    adapter_config: Mapping[str, Any] | None,
+) -> tuple[dict[str, LoraDelta], dict[str, torch.Tensor]]:
+    """A PEFT adapter's LoRA deltas ``{base weight key: delta}`` and full-weight overrides ``{base key: tensor}``,
+    validated against the base (merged or kept apart, see ``sampler_lora``)."""
+    if adapter_config is None:
+        raise BadRequestError("adapter_state was given without adapter_config; pass the PEFT LoraConfig dict")
+    pairs, overrides = split_adapter_state(adapter_state)
+    unknown = sorted(k for k in overrides if k not in base_state and k != "lm_head.weight")
+    if unknown:
+        raise BadRequestError(f"adapter_state holds weights that the base model does not have: {unknown[:4]}")
+    return lora_deltas(pairs, adapter_config), overrides
+
+
 class _StateReader:
     """Reads base tensors with their LoRA delta merged, tracking which deltas were used."""
 
@@ -416,17 +437,7 @@ def build_decoder_weights(
     deltas: dict[str, LoraDelta] = {}
     state: Mapping[str, torch.Tensor] = base_state
     if adapter_state:
-        if adapter_config is None:
-            raise BadRequestError(
-                "adapter_state was given without adapter_config; pass the PEFT LoraConfig dict"
-            )
-        pairs, overrides = split_adapter_state(adapter_state)
-        unknown = sorted(k for k in overrides if k not in base_state and k != "lm_head.weight")
-        if unknown:
-            raise BadRequestError(
-                f"adapter_state holds weights that the base model does not have: {unknown[:4]}"
-            )
-        deltas = lora_deltas(pairs, adapter_config)
+        deltas, overrides = parse_adapter(base_state, adapter_state, adapter_config)
         state = collections.ChainMap(overrides, dict(base_state))
     prefix = _language_prefix(state)
     reader = _StateReader(state, deltas, dtype)
@@ -516,6 +527,9 @@ def logits(weights: DecoderWeights, h: torch.Tensor, also: torch.Tensor | None =
         columns = torch.cat([columns, also], dim=-1)
     rows = weights.lm_head[columns].float()  # [rows, k, H]
     exact = torch.bmm(rows, x[:, :, None])[..., 0]
+    update = weights.unembed_update(x, columns)  # an unmerged LoRA on the unembedding (sampler_lora)
+    if update is not None:
+        exact += update
     return out.scatter_(1, columns, exact)
 
 
@@ -529,7 +543,9 @@ def token_logits(weights: DecoderWeights, h: torch.Tensor, tokens: torch.Tensor)
     if weights.lm_head.dtype == torch.float32:
         return None
     x = rms_norm(h, weights.final_norm, weights.spec.rms_eps)
-    return (weights.lm_head[tokens].float() * x).sum(-1)
+    exact = (weights.lm_head[tokens].float() * x).sum(-1)
+    update = weights.unembed_update(x, tokens[:, None])
+    return exact if update is None else exact + update[:, 0]
 
 
 def top_columns(values: torch.Tensor, k: int, block: int = 64) -> torch.Tensor:
