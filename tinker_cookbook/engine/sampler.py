@@ -389,6 +389,9 @@ class SamplerEngine:
                         del self._batches[key]
                 held = sum(b.kv_bytes for b in self._batches.values())
                 self._stats.peak_kv_bytes = max(self._stats.peak_kv_bytes, held)
+                # A waiting worker keeps no reference to the last requests: their snapshots (a merged copy, or an
+                # unmerged adapter and the base) are freed as soon as their callers drop them.
+                incoming, request, batch = [], None, None  # type: ignore[assignment]
         self._fail_everything(RequestFailedError(
             "the sampler was shut down (SamplerEngine.close(), LocalBackend.close() or process exit) before this "
             "request finished; wait for sampling results before closing or exiting"

@@ -314,11 +314,17 @@ class _View(DecoderWeights):
 def _view(base: DecoderWeights, plan: Sequence[tuple[Adapter, Rows]]) -> DecoderWeights:
     layers: list[LayerWeights] = []
     for index, layer in enumerate(base.layers):
-        changed = {
-            name: _updated(getattr(layer, name), [(a.layers[index].get(name), rows) for a, rows in plan])
-            for name in _FUSED_PARTS
-        }
-        layers.append(dataclasses.replace(layer, **changed))
+
+        def updated(linear: Linear, name: str) -> Linear:
+            return _updated(linear, [(a.layers[index].get(name), rows) for a, rows in plan])  # noqa: B023
+
+        layers.append(dataclasses.replace(
+            layer,
+            qkv=updated(layer.qkv, "qkv"),
+            o_proj=updated(layer.o_proj, "o_proj"),
+            gate_up=updated(layer.gate_up, "gate_up"),
+            down=updated(layer.down, "down"),
+        ))
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(DecoderWeights) if f.init}
     fields.update(
         layers=layers,
