@@ -16,8 +16,10 @@ How requests run (one background worker thread):
   read by all its samples, those of every request with that prompt (an RL group sends one request per env), each
   of which keeps only its generated tokens' K/V in its own cache slot. Their first tokens are drawn together from
   the prompts' last logits, computed once per distinct prompt.
-- Every decode step advances all active sequences of a weights snapshot together; finished sequences leave the
-  batch at once (their slot is refilled by the last sequence), new ones join at the next step.
+- Every decode step advances all active sequences of a decoder together: those of a merged snapshot, or those of a
+  base model and of all its unmerged LoRA snapshots, each row with its own adapter (``sampler_lora``; which
+  snapshots merge: ``$TINKER_COOKBOOK_SAMPLER_LORA``). Finished sequences leave the batch at once (their slot is
+  refilled by the last sequence), new ones join at the next step.
 
 Semantics (the Tinker docs are the spec):
 

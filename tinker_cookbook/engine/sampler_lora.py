@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 import transformers
 
 from tinker_cookbook.engine import sampler_model
@@ -139,28 +138,36 @@ class LowRank:
 
     A fused matmul (``q|k|v``, ``gate|up``) gets one update: ``down`` stacks the parts' A (they read the same
     input), ``up`` is block-diagonal (each part's B in its own rows and columns), so two matmuls serve all parts.
+    Both are ``Linear``s: on the CPU packed for oneDNN like the base weights (the BLAS's fp32 matmuls are several
+    times slower there).
     """
 
-    down: torch.Tensor
+    down: Linear
     """[R, in]"""
-    up: torch.Tensor
+    up: Linear
     """[out, R]"""
+    up_rows: torch.Tensor | None = None
+    """``up`` as a plain tensor, for the unembedding only: rows of it are gathered for the exact top logits."""
 
     def add_to(self, out: torch.Tensor, x: torch.Tensor, rows: Rows) -> None:
         """``out[rows] += x[rows] @ down.T @ up.T`` (``out`` fp32 ``[n, out]``, ``x`` fp32 ``[n, in]``)."""
         if rows is None:
-            out.addmm_(F.linear(x, self.down), self.up.t())
+            out += self.up(self.down(x))
         elif isinstance(rows, slice):
-            out[rows].addmm_(F.linear(x[rows], self.down), self.up.t())
+            out[rows] += self.up(self.down(x[rows]))
         else:
-            out.index_add_(0, rows, F.linear(F.linear(x.index_select(0, rows), self.down), self.up))
+            out.index_add_(0, rows, self.up(self.down(x.index_select(0, rows))))
 
     def num_bytes(self) -> int:
-        return self.down.numel() * self.down.element_size() + self.up.numel() * self.up.element_size()
+        extra = 0 if self.up_rows is None else self.up_rows.numel() * self.up_rows.element_size()
+        return self.down.num_bytes() + self.up.num_bytes() + extra
 
 
-def _low_rank(parts: list[tuple[int, LoraDelta | None]], in_features: int, device: torch.device) -> LowRank | None:
-    """The fused update of parts ``(rows, delta or None)`` stacked in order, or None when no part has a delta."""
+def _low_rank(
+    parts: list[tuple[int, LoraDelta | None]], in_features: int, device: torch.device, *, keep_rows: bool = False
+) -> LowRank | None:
+    """The fused update of parts ``(rows, delta or None)`` stacked in order, or None when no part has a delta;
+    ``keep_rows``: with ``up_rows``."""
     present = [delta for _, delta in parts if delta is not None]
     if not present:
         return None
@@ -175,7 +182,7 @@ def _low_rank(parts: list[tuple[int, LoraDelta | None]], in_features: int, devic
             up[row : row + rows, column : column + r] = delta.left.to(device=device, dtype=torch.float32)
             column += r
         row += rows
-    return LowRank(down=down, up=up)
+    return LowRank(down=Linear.of(down, None), up=Linear.of(up, None), up_rows=up if keep_rows else None)
 
 
 @dataclass(eq=False)
@@ -221,7 +228,7 @@ def build_adapter(
         return None
     used: set[str] = set()
 
-    def update(keys: list[str]) -> LowRank | None:
+    def update(keys: list[str], unembedding: bool = False) -> LowRank | None:
         """The update of the fused matmul of ``keys`` (parts in row order), checked against the base shapes."""
         parts: list[tuple[int, LoraDelta | None]] = []
         in_features = base.spec.hidden_size
@@ -239,7 +246,7 @@ def build_adapter(
                         f"[{rows}, {in_features}]; pass an adapter trained on this base model"
                     )
             parts.append((rows, delta))
-        return _low_rank(parts, in_features, base.device)
+        return _low_rank(parts, in_features, base.device, keep_rows=unembedding)
 
     layers = []
     for index in range(len(base.layers)):
@@ -249,7 +256,7 @@ def build_adapter(
             if low_rank is not None:
                 updates[name] = low_rank
         layers.append(updates)
-    unembed = update(["lm_head.weight"]) if "lm_head.weight" in deltas else None
+    unembed = update(["lm_head.weight"], unembedding=True) if "lm_head.weight" in deltas else None
     unused = sorted(set(deltas) - used)
     if unused:
         raise BadRequestError(f"LoRA weights for modules the sampler does not know: {unused[:4]}")
@@ -302,8 +309,9 @@ class _View(DecoderWeights):
         total = torch.zeros(columns.shape, dtype=torch.float32, device=x.device)
         for low_rank, rows in self.unembed_updates:
             index = slice(None) if rows is None else rows
-            low = F.linear(x[index], low_rank.down)  # [rows, R]
-            part = torch.bmm(low_rank.up[columns[index]], low[:, :, None])[..., 0]  # [rows, k]
+            assert low_rank.up_rows is not None
+            low = low_rank.down(x[index])  # [rows, R]
+            part = torch.bmm(low_rank.up_rows[columns[index]], low[:, :, None])[..., 0]  # [rows, k]
             if isinstance(index, torch.Tensor):
                 total.index_copy_(0, index, part)
             else:

@@ -4,7 +4,8 @@ The sampler advances hundreds of sequences per decode step; HF modules with ``Dy
 Python bookkeeping and small ops than in the matmuls at these sizes. This module keeps only what sampling needs:
 
 - weights fused per layer (``q|k|v`` and ``gate|up`` are one matmul each), LoRA merged once per snapshot
-  (``W + scale * B @ A``), bf16 weights pre-packed for oneDNN, tied embeddings shared with the unembedding;
+  (``W + scale * B @ A``; or kept apart and added per row, see ``sampler_lora``), bf16 weights pre-packed for
+  oneDNN, tied embeddings shared with the unembedding;
 - ``prefill``: several prompts packed into one token matrix (no padding) for the linear layers, causal attention per
   prompt, returning each prompt's K/V and final hidden states;
 - ``decode``: one token for each of ``n`` sequences against a slot-major K/V cache with per-sequence lengths;
