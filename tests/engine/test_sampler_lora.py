@@ -351,3 +351,44 @@ def test_mis_shaped_adapter_is_refused_naming_the_module(model: Any, snapshots: 
     bad = {**adapter_state, key: torch.zeros(adapter_state[key].shape[0], 3)}
     with pytest.raises(BadRequestError, match=r"q_proj'.*pass an adapter trained on this base model"):
         SamplingWeights.build(model.config, state, bad, config, torch.float32, "unmerged")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Through the public API
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_trained_snapshots_through_the_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trained adapter's snapshot taken unmerged (the environment variable) samples as the same adapter's merged
+    snapshot, while it decodes beside another snapshot and the base model, all sharing one base."""
+    from tinker_cookbook import tinker
+
+    service = tinker.ServiceClient()
+    training = service.create_lora_training_client(base_model="tinker-cookbook/tiny-smollm2", rank=4, seed=0)
+    tokens = list(range(100, 140))
+    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                        loss_fn_inputs=dict(target_tokens=tokens[1:], weights=[1.0] * (len(tokens) - 1)))
+
+    def step() -> None:
+        training.forward_backward([datum], "cross_entropy")
+        training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+
+    monkeypatch.setenv(sampler_lora.LORA_MODE_ENV, "unmerged")
+    step()
+    earlier = training.save_weights_and_get_sampling_client()
+    step()
+    unmerged = training.save_weights_and_get_sampling_client()
+    base = service.create_sampling_client(base_model="tinker-cookbook/tiny-smollm2")
+    monkeypatch.setenv(sampler_lora.LORA_MODE_ENV, "merged")
+    merged = training.save_weights_and_get_sampling_client()
+    handles = [c._handle.weights for c in (earlier, unmerged, base, merged)]
+    assert handles[0].decoder is handles[1].decoder is handles[2].decoder is not handles[3].decoder
+    assert handles[1].adapter is not None and handles[3].adapter is None
+
+    prompt = types.ModelInput.from_ints(list(range(300, 320)))
+    params = types.SamplingParams(max_tokens=12, temperature=1.0, top_k=_SEEDED_TOP_K, seed=5)
+    together = [c.sample(prompt, 3, params) for c in (earlier, unmerged, base)]
+    got = together[1].result(timeout=60)
+    for future in together:
+        future.result(timeout=60)
+    _assert_same_samples(got, merged.sample(prompt, 3, params).result(timeout=60))
