@@ -11,6 +11,11 @@
     alone with all the rows (the cost of the per-row update against a merged weight). Merged and unmerged rounds
     alternate; the best round counts. The load average is printed with the results: the machine may be shared.
 
+(c) CPU time (process time, one torch thread: the least sensitive to a shared machine's load) of one decode step
+    (``sampler_model.decode`` + ``logits``) of ``4 * --sequences`` rows: merged one snapshot, unmerged one snapshot,
+    unmerged base + 3 snapshots mixed; and of ``--sequences`` rows merged, what each of 4 merged snapshots decoding
+    in turn costs. Median of 7 rounds of 5 steps.
+
 Adapters are random (A and B ~ N(0, 0.02)) on every linear layer and the unembedding, as ``train_unembed`` makes.
 Runs with the fast-malloc environment of ``bench_sampling.py`` (re-executes itself with it).
 """
@@ -150,6 +155,44 @@ def main() -> None:
     for key, speed in best.items():
         print(f"(b) {key:22s}: {speed:7.1f} tok/s ({rows} rows, widest decode batch {widest[key]})")
     print(f"load average {os.getloadavg()}")
+    cpu_steps(snapshots, args.sequences)
+    print(f"load average {os.getloadavg()}")
+
+
+def cpu_steps(snapshots: dict[str, list[Any]], per_snapshot: int) -> None:
+    """(c): CPU milliseconds per decode step at one thread."""
+    import torch
+
+    from tinker_cookbook.engine import sampler_lora, sampler_model
+
+    torch.set_num_threads(1)
+    merged, unmerged = snapshots["merged"], snapshots["unmerged"]
+    base = unmerged[0].decoder
+    spec = base.spec
+
+    def step_ms(make: Any, rows: int) -> float:
+        cache = torch.zeros(spec.num_layers, 2, rows, spec.num_kv_heads, 64, spec.head_dim)
+        tokens, positions = torch.arange(1000, 1000 + rows), torch.full((rows,), 40)
+        times = []
+        with torch.inference_mode():
+            for _ in range(7):
+                start = time.process_time()
+                for _ in range(5):
+                    decoder = make()
+                    sampler_model.logits(decoder, sampler_model.decode(decoder, cache, tokens, positions, 41))
+                times.append((time.process_time() - start) / 5 * 1000)
+        return sorted(times)[len(times) // 2]
+
+    rows = 4 * per_snapshot
+    mixed = [w.adapter for w in unmerged for _ in range(per_snapshot)]
+    cases = {
+        f"merged, one snapshot, {rows} rows": (lambda: merged[1].decoder, rows),
+        f"unmerged, one snapshot, {rows} rows": (lambda: unmerged[1].model, rows),
+        f"unmerged, base + 3 snapshots, {rows} rows": (lambda: sampler_lora.for_rows(base, mixed), rows),
+        f"merged, one snapshot, {per_snapshot} rows": (lambda: merged[1].decoder, per_snapshot),
+    }
+    for name, (make, count) in cases.items():
+        print(f"(c) {name:40s}: {step_ms(make, count):6.1f} ms CPU per decode step (1 thread)")
 
 
 if __name__ == "__main__":
