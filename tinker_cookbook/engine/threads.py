@@ -97,7 +97,12 @@ def _find_runtime() -> _Runtime | None:
 def _runtime() -> _Runtime | None:
     with _runtime_lock:
         if not _runtime_cache:
-            _runtime_cache.append(_find_runtime())
+            try:
+                found = _find_runtime()
+            except Exception as error:  # noqa: BLE001 - an optimisation only: without it, counts stay as they are
+                logger.debug("looking for the OpenMP runtime failed (%r): per-thread counts are not available", error)
+                found = None
+            _runtime_cache.append(found)
         return _runtime_cache[0]
 
 
