@@ -481,10 +481,9 @@ def _attention_inputs(
     ``[T, 1, hd]``."""
     spec = weights.spec
     x = rms_norm(h, layer.input_norm, spec.rms_eps)
-    qkv = layer.qkv(x)
     n_qk = spec.num_heads + spec.num_kv_heads
-    qk = qkv[:, : n_qk * spec.head_dim].view(-1, n_qk, spec.head_dim)
-    v = qkv[:, n_qk * spec.head_dim :].view(-1, spec.num_kv_heads, spec.head_dim)
+    qkv = layer.qkv(x).view(-1, n_qk + spec.num_kv_heads, spec.head_dim)
+    qk, v = qkv[:, :n_qk], qkv[:, n_qk:]
     if layer.qk_norm is not None:
         qk = rms_norm(qk, layer.qk_norm, spec.rms_eps)
     qk = _rope(qk, cos, sin)
@@ -883,6 +882,6 @@ def _shared_decode_attention(
     if bias is not None:
         own_scores.add_(bias)
     probs = torch.cat([to_rows(prompt_scores), own_scores], dim=-1).softmax(-1)
-    out = torch.matmul(probs[..., length:], _fp32(values))
-    out += to_rows(torch.matmul(to_groups(probs[..., :length]), _fp32(prompt_values)))
+    out = torch.matmul(probs.narrow(-1, length, probs.shape[-1] - length), _fp32(values))
+    out += to_rows(torch.matmul(to_groups(probs.narrow(-1, 0, length)), _fp32(prompt_values)))
     return out.reshape(n, num_heads * head_dim)
