@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tinker_cookbook.engine import sampler_model
+from tinker_cookbook.engine import sampler_model, threads
 from tinker_cookbook.engine.sampler import SamplerEngine, SamplingWeights
 from tinker_cookbook.engine.threads import LocalThreads
 from tinker_cookbook.tinker import types
@@ -78,6 +78,22 @@ def test_local_threads_refuses_other_threads(two_threads: None) -> None:
         pytest.skip("this torch build's OpenMP runtime does not take per-thread counts")
     with pytest.raises(RuntimeError, match="other than the one that created it"):
         local.set(1)
+
+
+def test_local_threads_without_an_openmp_runtime_change_nothing(
+    two_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where no OpenMP runtime is found among the loaded libraries, ``set`` is a no-op (the worker keeps the
+    process count) rather than an error."""
+    monkeypatch.setattr(threads, "_runtime_cache", [])
+    monkeypatch.setattr(threads, "_loaded_libraries", lambda: [])
+
+    def work() -> tuple[bool, int]:
+        local = LocalThreads()
+        local.set(1)
+        return local.active, torch.get_num_threads()
+
+    assert _on_thread(work) == (False, PROCESS_THREADS)
 
 
 def _tiny_llama() -> LlamaForCausalLM:
