@@ -402,9 +402,9 @@ def main() -> None:
             print(
                 f"  {name:>16} {mode:7s} ({r['dtype']}): {r['tokens_per_s']:7.1f} tok/s ({r['tokens']} tokens)"
                 f"{kv_text}\n"
-                f"      vs training forward: sampled mean|d| {s['mean_abs']:.4f} max {s['max_abs']:.3f} "
-                f"(n={s['count']}), kl_sample_train v1 {s['v1']:+.5f} v2 {s['v2']:.6f}; "
-                f"prompt mean|d| {p['mean_abs']:.4f} max {p['max_abs']:.3f} (n={p['count']})",
+                f"      vs training forward: sampled mean|d| {s['mean_abs']:.2e} max {s['max_abs']:.2e} "
+                f"(n={s['count']}), kl_sample_train v1 {s['v1']:+.1e} v2 {s['v2']:.1e}; "
+                f"prompt mean|d| {p['mean_abs']:.2e} max {p['max_abs']:.2e} (n={p['count']})",
                 flush=True,
             )
         if args.baseline and rl:
