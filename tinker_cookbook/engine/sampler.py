@@ -94,8 +94,8 @@ PromptKey = tuple[tuple[int, ...], Hashable]
 _BURST_GAP_S = 0.003
 _BURST_MAX_S = 0.03
 # A decode step over at most this many activation elements (rows x hidden size) runs on one CPU thread: its
-# hundreds of small ops each cost more in OpenMP fork/join than a second thread saves (SmolLM2-135M, 2 cores:
-# batch 1 and 4 decode ~1.4x faster, 16 rows ~1.05x; see bench/bench_sampling.py). Prefill and larger steps use all.
+# hundreds of small ops each cost more in OpenMP fork/join than a second thread saves (SmolLM2-135M, 2 idle cores:
+# 1, 4 and 16 rows decode 1.4x, 1.4x and 1.03x faster on one thread). Prefill and larger steps use all threads.
 _ONE_THREAD_DECODE_ELEMENTS = 16 * 576
 # How long the exit hook waits for a worker to finish its current step (a prefill is bounded by the token budget).
 EXIT_JOIN_TIMEOUT_S = 10.0

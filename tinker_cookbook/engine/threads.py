@@ -131,12 +131,11 @@ class LocalThreads:
 
     def set(self, count: int) -> None:
         """Use ``count`` threads (clamped to ``1..full``) on this thread from now on."""
-        count = max(1, min(count, self.full))
-        if count == self.current or self._runtime is None:
-            return
         if threading.get_ident() != self.owner:
             raise RuntimeError("LocalThreads.set called from a thread other than the one that created it")
-        self._apply_unchecked(count)
+        count = max(1, min(count, self.full))
+        if count != self.current and self._runtime is not None:
+            self._apply_unchecked(count)
 
     def _apply_unchecked(self, count: int) -> None:
         assert self._runtime is not None
