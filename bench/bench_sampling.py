@@ -19,7 +19,9 @@ into a temporary directory). Runs of the two trees alternate (``--reps`` rounds)
 (b) Batch-1 decode tokens/s next to its memory-bandwidth bound: the bytes read per decoded token (every matmul
     weight and norm once, the unembedding included, plus the K/V of the positions attended to, averaged over the
     measured tokens) over the measured memory bandwidth, the larger of a large tensor copy's (bytes read + written
-    per second) and a large tensor sum's (bytes read per second), with the torch threads of the decode.
+    per second) and a large tensor sum's (bytes read per second), with the process's torch threads (``--threads``;
+    the sampler runs batch-1 steps on one thread of its own where it can, see ``engine/threads.py``: the bound
+    still counts the bandwidth of all of them).
 
 Modes: ``default`` (the sampler's default precision on this machine), ``fp32`` and ``bf16``
 (``$TINKER_COOKBOOK_SAMPLER_DTYPE``). Not a test: the machine may be shared and noisy; compare figures within one
@@ -199,6 +201,7 @@ def worker_batch1(model: str, new_tokens: int) -> dict[str, Any]:
     """(b): tokens/s of one sequence: (N - 1) tokens over the time beyond a 1-token request (the prefill)."""
     import torch
 
+    from tinker_cookbook.engine import sampler_model
     from tinker_cookbook.engine.models import load_model
     from tinker_cookbook.engine.sampler import SamplerEngine, SamplingWeights, default_sampling_dtype
     from tinker_cookbook.tinker import types
@@ -215,6 +218,15 @@ def worker_batch1(model: str, new_tokens: int) -> dict[str, Any]:
         return time.perf_counter() - start, len(response.sequences[0].tokens)
 
     with SamplerEngine() as engine:  # no tokenizer: no EOS stop, always N tokens
+        decode_threads: list[int] = []
+        spy = sampler_model.decode
+
+        def counting_decode(*args: Any, **kwargs: Any) -> Any:  # the worker's thread count during a step
+            if not decode_threads:
+                decode_threads.append(torch.get_num_threads())
+            return spy(*args, **kwargs)
+
+        sampler_model.decode = counting_decode  # type: ignore[assignment]
         timed(4)
         prefill = min(timed(1)[0] for _ in range(3))
         best = min(timed(new_tokens) for _ in range(2))
@@ -222,8 +234,11 @@ def worker_batch1(model: str, new_tokens: int) -> dict[str, Any]:
     per_position = spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * 4  # fp32 K and V of all layers
     # The decoded tokens 2..N attend to the prompt and the tokens before them: on average this many positions.
     attended = len(prompt) + best[1] / 2
+    sampler_model.decode = spy  # type: ignore[assignment]
     result = {
         "tokens_per_s": (best[1] - 1) / (best[0] - prefill),
+        "decode_threads": decode_threads[0],
+        "process_threads": torch.get_num_threads(),
         "weight_bytes": weights.decoder.num_bytes(),
         "kv_bytes": attended * per_position,
     }
@@ -387,9 +402,9 @@ def main() -> None:
             print(
                 f"  {name:>16} {mode:7s} ({r['dtype']}): {r['tokens_per_s']:7.1f} tok/s ({r['tokens']} tokens)"
                 f"{kv_text}\n"
-                f"      vs training forward: sampled mean|d| {s['mean_abs']:.4f} max {s['max_abs']:.3f} "
-                f"(n={s['count']}), kl_sample_train v1 {s['v1']:+.5f} v2 {s['v2']:.6f}; "
-                f"prompt mean|d| {p['mean_abs']:.4f} max {p['max_abs']:.3f} (n={p['count']})",
+                f"      vs training forward: sampled mean|d| {s['mean_abs']:.2e} max {s['max_abs']:.2e} "
+                f"(n={s['count']}), kl_sample_train v1 {s['v1']:+.1e} v2 {s['v2']:.1e}; "
+                f"prompt mean|d| {p['mean_abs']:.2e} max {p['max_abs']:.2e} (n={p['count']})",
                 flush=True,
             )
         if args.baseline and rl:
@@ -429,10 +444,13 @@ def main() -> None:
                 bound = bandwidth * 1e9 / read_bytes
                 group = r.get("group_kv_ratio")
                 group_text = f"; K/V of 8 samples x (256 + 32) tokens: {group:.2f}x of 8 copies" if group else ""
+                threads_text = (
+                    f"; decode on {r['decode_threads']} of {r['process_threads']} threads" if "decode_threads" in r else ""
+                )
                 print(
                     f"  {name:>16} {mode:7s} ({r['dtype']}): {r['tokens_per_s']:6.1f} tok/s; read per token "
                     f"{read_bytes / 1e6:.0f} MB (weights {r['weight_bytes'] / 1e6:.0f}) -> bound {bound:.1f} tok/s "
-                    f"({r['tokens_per_s'] / bound:.0%})"
+                    f"({r['tokens_per_s'] / bound:.0%}){threads_text}"
                     f"{group_text}"
                 )
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")

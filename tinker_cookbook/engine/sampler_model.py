@@ -493,10 +493,9 @@ def _attention_inputs(
     ``[T, 1, hd]``."""
     spec = weights.spec
     x = rms_norm(h, layer.input_norm, spec.rms_eps)
-    qkv = layer.qkv(x)
     n_qk = spec.num_heads + spec.num_kv_heads
-    qk = qkv[:, : n_qk * spec.head_dim].view(-1, n_qk, spec.head_dim)
-    v = qkv[:, n_qk * spec.head_dim :].view(-1, spec.num_kv_heads, spec.head_dim)
+    qkv = layer.qkv(x).view(-1, n_qk + spec.num_kv_heads, spec.head_dim)
+    qk, v = qkv[:, :n_qk], qkv[:, n_qk:]
     if layer.qk_norm is not None:
         qk = rms_norm(qk, layer.qk_norm, spec.rms_eps)
     qk = _rope(qk, cos, sin)
@@ -691,8 +690,12 @@ class _PromptGroups:
     position: torch.Tensor
     """[n]: each row's padded position."""
 
-    bias: torch.Tensor
-    """[groups, 1, 1, prompt_len]: 0 at a prompt's positions, -inf past its end."""
+    bias: torch.Tensor | None
+    """[groups, 1, 1, prompt_len]: 0 at a prompt's positions, -inf past its end; None when all prompts in use
+    have the same length (nothing to mask: adding zeros would change no score)."""
+
+    count: int
+    """Prompts in use."""
 
     length: int
     """The longest prompt in use: how many cached positions are read."""
@@ -700,14 +703,23 @@ class _PromptGroups:
     identity: bool
     """Row ``i`` is the only one continuing the ``i``-th prompt in use (e.g. batch 1): rows need no regrouping."""
 
-    @property
-    def count(self) -> int:
-        """Prompts in use."""
-        return self.bias.shape[0]
-
 
 def _group_rows(shared: SharedPrompts) -> _PromptGroups:
     of_row = shared.of_row
+    device = of_row.device
+    if of_row.shape[0] == 1:  # one sequence (batch-1 decode): no grouping, ~15 torch calls fewer per step
+        slot = int(of_row[0])
+        first = torch.zeros(1, dtype=torch.long, device=device)
+        return _PromptGroups(
+            prompts=None if slot == 0 else of_row,
+            size=1,
+            padded=first,
+            position=first,
+            bias=None,
+            count=1,
+            length=int(shared.lengths[slot]),
+            identity=True,
+        )
     used, group = torch.unique(of_row, return_inverse=True)  # group: [n], the index of each row's prompt in used
     count = used.shape[0]
     order = torch.argsort(group, stable=True)
@@ -715,25 +727,43 @@ def _group_rows(shared: SharedPrompts) -> _PromptGroups:
     size = int(sizes.max())
     starts = torch.cumsum(sizes, 0) - sizes
     rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.shape[0], device=of_row.device) - starts[group[order]]
+    rank[order] = torch.arange(order.shape[0], device=device) - starts[group[order]]
     position = group * size + rank
-    padded = torch.zeros(count * size, dtype=torch.long, device=of_row.device)
-    padded[position] = torch.arange(of_row.shape[0], device=of_row.device)
+    padded = torch.zeros(count * size, dtype=torch.long, device=device)
+    padded[position] = torch.arange(of_row.shape[0], device=device)
     lengths = shared.lengths[used]
     length = int(lengths.max())
-    past = torch.arange(length, device=of_row.device)[None, :] >= lengths[:, None]
-    bias = torch.zeros(past.shape, dtype=torch.float32, device=of_row.device).masked_fill_(past, -math.inf)
+    bias = None
+    if int(lengths.min()) < length:
+        past = torch.arange(length, device=device)[None, :] >= lengths[:, None]
+        bias = torch.zeros(past.shape, dtype=torch.float32, device=device).masked_fill_(past, -math.inf)[:, None, None]
     dense = int(used[-1]) == count - 1  # used is sorted and distinct: then it is 0..count-1
-    identity = size == 1 and bool((group == torch.arange(group.shape[0], device=of_row.device)).all())
+    identity = size == 1 and bool((group == torch.arange(group.shape[0], device=device)).all())
     return _PromptGroups(
         prompts=None if dense else used,
         size=size,
         padded=padded,
         position=position,
-        bias=bias[:, None, None, :],
+        bias=bias,
+        count=count,
         length=length,
         identity=identity,
     )
+
+
+def _decode_rope(weights: DecoderWeights, rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and signed-sin ``[n, heads + kv heads, hd]`` at positions ``rope [n]``, the query heads' scaled by the
+    attention scale ``hd^-0.5``.
+
+    Scaling q once here (RoPE is linear) spares a multiplication of the scores in every layer. With a
+    power-of-two scale (head_dim 64, 256) the scores are bit for bit those of scaling after the product;
+    otherwise they differ by fp32 rounding (~1e-7 relative).
+    """
+    spec = weights.spec
+    cos_table, sin_table = weights.rope_tables(int(rope.max()) + 1)
+    scale = torch.ones(spec.num_heads + spec.num_kv_heads, 1, device=rope.device)
+    scale[: spec.num_heads] = spec.head_dim**-0.5
+    return cos_table[rope][:, None, :] * scale, sin_table[rope][:, None, :] * scale
 
 
 @torch.inference_mode()
@@ -753,43 +783,54 @@ def decode(
     prompts (the slot then holds only generated tokens). Attention reads the first ``attend_len`` positions of
     every slot, masked per sequence, and with ``shared`` prompts the sequence's prompt first. ``rope_positions``
     are the rotary positions when they differ from ``positions`` (tokens after images in Qwen3-VL).
+
+    A batch-1 step is hundreds of small torch calls, each costing microseconds: whatever does not depend on the
+    layer (cache views, masks, rotary tables) is made once per step, and masks that mask nothing are skipped.
     """
     spec = weights.spec
     n = tokens.shape[0]
-    rope = positions if rope_positions is None else rope_positions
-    cos_table, sin_table = weights.rope_tables(int(rope.max()) + 1)
-    cos, sin = cos_table[rope][:, None, :], sin_table[rope][:, None, :]  # [n, 1, hd]: broadcast over heads
+    cos, sin = _decode_rope(weights, positions if rope_positions is None else rope_positions)
     local = positions if shared is None else positions - shared.lengths[shared.of_row]
     groups = None if shared is None else _group_rows(shared)
-    _, _, _, heads, capacity, head_dim = cache.shape
+    layers, _, slots, heads, capacity, head_dim = cache.shape
     # Row (slot i, head j, position p) of a layer's K (or V) viewed as [slots * heads * capacity, head_dim]:
     # index_copy_ of whole rows is much cheaper than advanced-index assignment into the 4-d view.
     rows = torch.arange(n, device=tokens.device)[:, None] * heads + torch.arange(heads, device=tokens.device)
     rows = (rows * capacity + local[:, None]).reshape(-1)
     # The same rows in the V half of a layer's [2, slots, heads, capacity, hd] block: K and V written in one copy.
-    rows = torch.cat([rows, rows + cache.shape[2] * heads * capacity])
-    # Additive mask [n, 1, 1, attend_len]: 0 where sequence i has a cached position, -inf beyond it.
-    beyond = torch.arange(attend_len, device=tokens.device)[None, :] > local[:, None]
-    bias = torch.zeros(beyond.shape, dtype=torch.float32, device=tokens.device).masked_fill_(beyond, -math.inf)
-    bias = bias[:, None, None, :]
+    rows = torch.cat([rows, rows + slots * heads * capacity])
+    # Additive mask [n, 1, 1, attend_len]: 0 where sequence i has a cached position, -inf beyond it. A single
+    # sequence attending to exactly its positions needs none.
+    bias = None
+    if n > 1 or int(local[0]) != attend_len - 1:
+        beyond = torch.arange(attend_len, device=tokens.device)[None, :] > local[:, None]
+        bias = torch.zeros(beyond.shape, dtype=torch.float32, device=tokens.device).masked_fill_(beyond, -math.inf)
+        bias = bias[:, None, None, :]
+    # Per-layer views, made once: the K/V rows written, the keys (transposed for the score product) and values read.
+    flat = cache.view(layers, -1, head_dim).unbind(0)
+    own_keys = cache[:, 0, :n, :, :attend_len].transpose(-1, -2).unbind(0)
+    own_values = cache[:, 1, :n, :, :attend_len].unbind(0)
+    prompt_keys: tuple[torch.Tensor, ...] = ()
+    prompt_values: tuple[torch.Tensor, ...] = ()
+    if shared is not None and groups is not None:
+        prompts = shared.cache[:, :, :, :, : groups.length]
+        if groups.prompts is None:
+            prompts = prompts[:, :, : groups.count]
+        else:
+            prompts = prompts.index_select(2, groups.prompts)
+        prompt_keys = prompts[:, 0].transpose(-1, -2).unbind(0)
+        prompt_values = prompts[:, 1].unbind(0)
     h = weights.embed[tokens].float()
     for index, layer in enumerate(weights.layers):
         q, k, v = _attention_inputs(weights, layer, h, cos, sin)
-        layer_cache = cache[index]
         new = torch.stack((k, v)).view(-1, head_dim)
-        layer_cache.view(-1, head_dim).index_copy_(0, rows, new if new.dtype == cache.dtype else new.to(cache.dtype))
-        keys, values = layer_cache[0], layer_cache[1]
-        own = (keys[:n, :, :attend_len], values[:n, :, :attend_len], bias)
-        if shared is None or groups is None:
-            out = _decode_attention(q, *own)
+        flat[index].index_copy_(0, rows, new if new.dtype == cache.dtype else new.to(cache.dtype))
+        if groups is None:
+            out = _decode_attention(q, own_keys[index], own_values[index], bias)
         else:
-            prompt_keys, prompt_values = shared.cache[index, 0], shared.cache[index, 1]
-            if groups.prompts is not None:
-                prompt_keys, prompt_values = prompt_keys[groups.prompts], prompt_values[groups.prompts]
-            else:
-                prompt_keys, prompt_values = prompt_keys[: groups.count], prompt_values[: groups.count]
-            prompt = (prompt_keys[:, :, : groups.length], prompt_values[:, :, : groups.length])
-            out = _shared_decode_attention(q, *own, *prompt, groups)
+            out = _shared_decode_attention(
+                q, own_keys[index], own_values[index], bias, prompt_keys[index], prompt_values[index], groups
+            )
         h = _finish_layer(layer, h, out, spec.rms_eps)
     return h
 
@@ -799,40 +840,44 @@ def _fp32(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float32 else x.float()
 
 
-def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Attention of one query per sequence, all in fp32: ``q [n, nh, hd]``, ``keys``/``values [n, nkv, L, hd]``.
+def _decode_attention(
+    q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """Attention of one query per sequence, all in fp32: ``q [n, nh, hd]`` (scaled by ``hd^-0.5``),
+    ``keys_t [n, nkv, hd, L]`` (transposed), ``values [n, nkv, L, hd]``, ``bias`` None or ``[n, 1, 1, L]``.
 
     The same arithmetic as prefill (fp32 scores, softmax and weighted sum over K/V as stored in the cache), as two
     batched matmuls. SDPA's CPU kernel is built for long queries: with one query row per sequence and a mask it
     spent 2/3 of a decode step here.
     """
     n, num_heads, head_dim = q.shape
-    num_kv = keys.shape[1]
+    num_kv = keys_t.shape[1]
     grouped = q.view(n, num_kv, num_heads // num_kv, head_dim)  # the query heads sharing each K/V head
-    keys, values = _fp32(keys), _fp32(values)
-    scores = torch.matmul(grouped, keys.transpose(-1, -2)).mul_(head_dim**-0.5).add_(bias)
-    probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs, values).reshape(n, num_heads * head_dim)
+    scores = torch.matmul(grouped, _fp32(keys_t))
+    if bias is not None:
+        scores.add_(bias)
+    return torch.matmul(scores.softmax(-1), _fp32(values)).reshape(n, num_heads * head_dim)
 
 
 def _shared_decode_attention(
     q: torch.Tensor,
-    keys: torch.Tensor,
+    keys_t: torch.Tensor,
     values: torch.Tensor,
-    bias: torch.Tensor,
-    prompt_keys: torch.Tensor,
+    bias: torch.Tensor | None,
+    prompt_keys_t: torch.Tensor,
     prompt_values: torch.Tensor,
     groups: _PromptGroups,
 ) -> torch.Tensor:
-    """``_decode_attention`` over each sequence's prompt (``prompt_keys [groups, nkv, P, hd]``) then its own K/V.
+    """``_decode_attention`` over each sequence's prompt (``prompt_keys_t [groups, nkv, hd, P]``, transposed) then
+    its own K/V.
 
     One softmax over both parts; the prompt part is computed per group, all sequences of a prompt against its K/V
     in one matmul, so a prompt's K/V are stored and read once for all its samples.
     """
     n, num_heads, head_dim = q.shape
-    num_kv = keys.shape[1]
+    num_kv = keys_t.shape[1]
     per_kv = num_heads // num_kv
-    count, size, length = groups.bias.shape[0], groups.size, groups.length
+    count, size, length = groups.count, groups.size, groups.length
 
     def to_groups(x: torch.Tensor) -> torch.Tensor:  # [n, nkv, per_kv, X] -> [groups, nkv, size * per_kv, X]
         if groups.identity:
@@ -847,11 +892,13 @@ def _shared_decode_attention(
         return x[groups.position]
 
     grouped = q.view(n, num_kv, per_kv, head_dim)
-    scale = head_dim**-0.5
-    prompt_scores = torch.matmul(to_groups(grouped), _fp32(prompt_keys).transpose(-1, -2)).mul_(scale)
-    prompt_scores = to_rows(prompt_scores.add_(groups.bias))
-    own_scores = torch.matmul(grouped, _fp32(keys).transpose(-1, -2)).mul_(scale).add_(bias)
-    probs = torch.softmax(torch.cat([prompt_scores, own_scores], dim=-1), dim=-1)
-    out = torch.matmul(probs[..., length:], _fp32(values))
-    out += to_rows(torch.matmul(to_groups(probs[..., :length]), _fp32(prompt_values)))
+    prompt_scores = torch.matmul(to_groups(grouped), _fp32(prompt_keys_t))
+    if groups.bias is not None:
+        prompt_scores.add_(groups.bias)
+    own_scores = torch.matmul(grouped, _fp32(keys_t))
+    if bias is not None:
+        own_scores.add_(bias)
+    probs = torch.cat([to_rows(prompt_scores), own_scores], dim=-1).softmax(-1)
+    out = torch.matmul(probs.narrow(-1, length, probs.shape[-1] - length), _fp32(values))
+    out += to_rows(torch.matmul(to_groups(probs.narrow(-1, 0, length)), _fp32(prompt_values)))
     return out.reshape(n, num_heads * head_dim)
