@@ -68,7 +68,7 @@ def packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     """``x [..., in] @ Wᵀ (+ bias)`` for ``packed = pack(W)``, in ``packed``'s dtype (``x`` cast to it)."""
     rows = x.reshape(-1, x.shape[-1]).to(packed.dtype).contiguous()
     out = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [None], "")
-    return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
+    return out.view(*x.shape[:-1], out.shape[-1])
 
 
 class PackedFrozenLinear:
@@ -114,14 +114,8 @@ class _FrozenLinearFunction(torch.autograd.Function):
 
 
 def frozen_linear(x: torch.Tensor, packed: PackedFrozenLinear) -> torch.Tensor:
-    """The frozen Linear of ``packed`` applied to ``x``, in ``x``'s dtype (the matmul in the packed dtype).
-
-    The function runs on the rows flattened to 2-D and its result is reshaped here, outside it: a custom
-    Function's output that is a view cannot be changed in place, and the LoRA add (``multi_lora.add_fused``)
-    accumulates into this output in place."""
-    rows = x.reshape(-1, x.shape[-1])
-    out = _FrozenLinearFunction.apply(rows, packed.weights())
-    return out.view(*x.shape[:-1], out.shape[-1])
+    """The frozen Linear of ``packed`` applied to ``x``, in ``x``'s dtype (the matmul in the packed dtype)."""
+    return _FrozenLinearFunction.apply(x, packed.weights())
 
 
 def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
