@@ -12,16 +12,17 @@ hand in a few fused ops:
   sigmoid.
 - attention: causal attention computed per batch row and per block of queries with batched matmuls whose
   temporaries (one block's scores, all heads) stay in the CPU's caches; the keys a causal block cannot see are
-  skipped, grouped-query heads share their key/value head without copies, and the backward recomputes the
-  probabilities (nothing of size queries x keys is saved, as with torch's flash kernel). It replaces torch's CPU
+  skipped, each key/value head is repeated for its query heads one batch row at a time (transient), and the
+  backward recomputes the probabilities (nothing of size queries x keys is saved, as with torch's flash kernel). It replaces torch's CPU
   flash-attention kernel, which at these head sizes (64) runs several times below the matmul peak.
 
 Every replacement computes the same function as the module it replaces, to fp32 rounding (only the order of sums
 differs). ``install`` applies them to a model's modules in place (a per-instance ``forward`` and the attention
 implementation registered with transformers under ``ATTENTION_NAME``); ``uninstall`` restores the HF path. Where a
-module does not match what these functions compute (an unknown norm or activation, a bias, an attention mask that
-is not a plain causal or boolean one, a sliding window, dropout) it keeps its own forward, so any architecture runs,
-at worst at the HF speed.
+module does not match what these functions compute (a norm or MLP class not listed here, another activation, a
+non-fp32 tensor, an attention mask that is not causal or boolean, a sliding window, dropout, a vision-language
+model) it keeps its own forward or SDPA, so any architecture runs, at worst at the HF speed. Qwen3's q/k norms are
+RMSNorms over the head dimension and take the fused one like the others.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ ATTENTION_NAME = "tinker_cookbook_fused"
 QUERY_BLOCK = 128
 """Queries per attention block: one block's scores (``heads x QUERY_BLOCK x keys`` fp32) stay in the L2/L3 cache at
 the sequence lengths training sees, and causal blocks skip the keys after their last query."""
-NORM_CLASSES = ("LlamaRMSNorm", "Qwen3RMSNorm", "Qwen2RMSNorm", "MistralRMSNorm")
-MLP_CLASSES = ("LlamaMLP", "Qwen3MLP", "Qwen2MLP", "MistralMLP")
+NORM_CLASSES = ("LlamaRMSNorm", "Qwen3RMSNorm")
+MLP_CLASSES = ("LlamaMLP", "Qwen3MLP")
+"""The HF classes whose forward these functions reproduce (checked by tests/engine/test_fused_layers.py)."""
 
 _saved_forward = "_tinker_fused_forward"
 
@@ -280,13 +282,15 @@ def install(model: torch.nn.Module) -> int:
         elif name in MLP_CLASSES and _is_silu(getattr(module, "act_fn", None)):
             _patch(module, _mlp_forward)
             changed += 1
-    config_owner: Any = model
-    for config in (config_owner.config, getattr(config_owner.config, "text_config", None)):
-        if config is not None and getattr(config, "_attn_implementation", None) in ("sdpa", "eager", None):
-            _register_attention()
-            config.__dict__["_tinker_previous_attn"] = config._attn_implementation
-            config._attn_implementation = ATTENTION_NAME
-            changed += 1
+    config: Any = getattr(model, "config", None)
+    # Text decoders on transformers' SDPA only (what ``attention`` falls back to); a vision-language model keeps its
+    # attention (its vision tower shares the config's setting).
+    if (config is not None and getattr(config, "vision_config", None) is None
+            and getattr(config, "_attn_implementation", None) == "sdpa"):
+        _register_attention()
+        config.__dict__["_tinker_previous_attn"] = config._attn_implementation
+        config._attn_implementation = ATTENTION_NAME
+        changed += 1
     return changed
 
 
@@ -295,7 +299,6 @@ def uninstall(model: torch.nn.Module) -> None:
     for module in model.modules():
         if module.__dict__.pop(_saved_forward, None) is not None:
             del module.forward
-    config_owner: Any = model
-    for config in (config_owner.config, getattr(config_owner.config, "text_config", None)):
-        if config is not None and "_tinker_previous_attn" in config.__dict__:
-            config._attn_implementation = config.__dict__.pop("_tinker_previous_attn")
+    config: Any = getattr(model, "config", None)
+    if config is not None and "_tinker_previous_attn" in config.__dict__:
+        config._attn_implementation = config.__dict__.pop("_tinker_previous_attn")
