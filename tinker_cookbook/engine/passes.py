@@ -100,7 +100,7 @@ def chunk_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.T
     """Logprobs of ``targets`` (shape [s], or [s, k] for k candidates per position), shaped like ``targets``."""
     logits = head(hidden).float()
     index = targets if targets.dim() == 2 else targets[:, None]
-    logp = TargetLogprobs.apply(logits, index)
+    logp = TargetLogprobs.apply(logits, index, True)  # the logits are this call's own: the backward may reuse them
     return logp if targets.dim() == 2 else logp.squeeze(-1)
 
 
@@ -109,18 +109,23 @@ class TargetLogprobs(torch.autograd.Function):
 
     Autograd of the two ops would allocate and sweep several [tokens, vocab] tensors (the softmax, its product
     with the gradient, a zero-filled scatter target, their sum); here the gradient
-    ``scatter(g) - softmax · sum(g)`` is built in one buffer, in place (the same gradient, to fp32 rounding).
+    ``scatter(g) - softmax · sum(g)`` is built in one buffer, in place (the same gradient, to fp32 rounding): with
+    ``consume`` the saved logits' own.
     """
 
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, logits: torch.Tensor, index: torch.Tensor,  # type: ignore[override]
+                consume: bool = False) -> torch.Tensor:
+        ctx.consume = consume
         lse = torch.logsumexp(logits, dim=-1, keepdim=True)
         ctx.save_for_backward(logits, index, lse)
         return logits.gather(-1, index) - lse
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
         logits, index, lse = ctx.saved_tensors
-        out = torch.sub(logits, lse).exp_()
+        # ``consume``: the caller made the logits for this call alone, so the gradient is built in their buffer
+        # (no new vocabulary-wide tensor per chunk); else in a new one.
+        out = (logits.sub_(lse) if ctx.consume else torch.sub(logits, lse)).exp_()
         out.mul_(grad.sum(dim=-1, keepdim=True).neg_())
-        return out.scatter_add_(-1, index, grad), None
+        return out.scatter_add_(-1, index, grad), None, None

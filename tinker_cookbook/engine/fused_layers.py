@@ -1,0 +1,304 @@
+"""Faster CPU versions of a decoder's element-wise layers and attention, for the training forward and backward.
+
+The Hugging Face modules compute RMSNorm, the MLP's ``silu(gate) * up`` and attention from many small ops that
+autograd records one by one: each op sweeps a full activation tensor and saves what its backward needs. On a CPU
+those sweeps are a large share of a LoRA training step (the frozen base's matmuls are packed, ``frozen_linear``).
+Here each is one ``torch.autograd.Function`` whose forward saves only its inputs and whose backward is written by
+hand in a few fused ops:
+
+- ``RMSNorm``: ``w * x * rsqrt(mean(x²) + eps)``; saves ``x`` and the per-row ``rsqrt`` (HF's autograd keeps the
+  fp32 upcast, the squared input and the normalised product as well). The norm's weight is frozen: no gradient.
+- ``silu(gate) * up``: saves ``gate`` and ``up`` (autograd also keeps ``silu(gate)``); the backward recomputes the
+  sigmoid.
+- attention: causal attention computed per batch row and per block of queries with batched matmuls whose
+  temporaries (one block's scores, all heads) stay in the CPU's caches; the keys a causal block cannot see are
+  skipped, each key/value head is repeated for its query heads one batch row at a time (transient), and the
+  backward recomputes the probabilities (nothing of size queries x keys is saved, as with torch's flash kernel). It replaces torch's CPU
+  flash-attention kernel, which at these head sizes (64) runs several times below the matmul peak.
+
+Every replacement computes the same function as the module it replaces, to fp32 rounding (only the order of sums
+differs). ``install`` applies them to a model's modules in place (a per-instance ``forward`` and the attention
+implementation registered with transformers under ``ATTENTION_NAME``); ``uninstall`` restores the HF path. Where a
+module does not match what these functions compute (a norm or MLP class not listed here, another activation, a
+non-fp32 tensor, an attention mask that is not causal or boolean, a sliding window, dropout, a vision-language
+model) it keeps its own forward or SDPA, so any architecture runs, at worst at the HF speed. Qwen3's q/k norms are
+RMSNorms over the head dimension and take the fused one like the others.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ATTENTION_NAME = "tinker_cookbook_fused"
+"""The name under which ``attention`` is registered with transformers' attention and mask interfaces."""
+QUERY_BLOCK = 128
+"""Queries per attention block: one block's scores (``heads x QUERY_BLOCK x keys`` fp32) stay in the L2/L3 cache at
+the sequence lengths training sees, and causal blocks skip the keys after their last query."""
+NORM_CLASSES = ("LlamaRMSNorm", "Qwen3RMSNorm")
+MLP_CLASSES = ("LlamaMLP", "Qwen3MLP")
+"""The HF classes whose forward these functions reproduce (checked by tests/engine/test_fused_layers.py)."""
+
+_saved_forward = "_tinker_fused_forward"
+
+
+# -- RMSNorm -----------------------------------------------------------------------------------------------
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """``weight * (x * rsqrt(mean(x², -1) + eps))`` for fp32 ``x`` and a frozen ``weight``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))
+        ctx.save_for_backward(x, weight, rstd)
+        return torch.mul(x, rstd).mul_(weight)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+        x, weight, rstd = ctx.saved_tensors
+        # y = w·x·r with r = (mean(x²) + eps)^(-1/2): dx = r·(w·dy) - x·r³·<w·dy, x>/n.
+        scaled = grad * weight
+        dot = torch.linalg.vecdot(scaled, x).unsqueeze(-1)
+        coeff = dot.mul_(rstd.pow(3)).div_(-x.shape[-1])
+        return scaled.mul_(rstd).addcmul_(x, coeff), None, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's Llama/Qwen RMSNorm of fp32 ``x`` (frozen ``weight``), in one autograd node."""
+    return _RMSNormFunction.apply(x, weight, eps)
+
+
+def _norm_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+    if hidden_states.dtype != torch.float32 or self.weight.dtype != torch.float32 or self.weight.requires_grad:
+        return getattr(self, _saved_forward)(hidden_states)
+    return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+
+# -- the MLP's silu(gate) * up -----------------------------------------------------------------------------
+
+
+class _SiluMulFunction(torch.autograd.Function):
+    """``silu(gate) * up``, saving only ``gate`` and ``up``."""
+
+    @staticmethod
+    def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate).mul_(up)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        gate, up = ctx.saved_tensors
+        d_up = F.silu(gate).mul_(grad)
+        # silu'(g) = s·(1 + g·(1 - s)), s = sigmoid(g): aten's silu_backward computes grad·silu'(g) in one sweep.
+        d_gate = torch.ops.aten.silu_backward(grad * up, gate)
+        return d_gate, d_up
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``F.silu(gate) * up`` in one autograd node."""
+    return _SiluMulFunction.apply(gate, up)
+
+
+def _mlp_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+    gate, up = self.gate_proj(x), self.up_proj(x)
+    if gate.dtype != torch.float32 or up.dtype != torch.float32:
+        return self.down_proj(self.act_fn(gate) * up)
+    return self.down_proj(silu_mul(gate, up))
+
+
+def _is_silu(act: Any) -> bool:
+    return isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
+
+
+# -- attention ---------------------------------------------------------------------------------------------
+
+
+def _blocks(q_len: int) -> list[tuple[int, int]]:
+    return [(start, min(start + QUERY_BLOCK, q_len)) for start in range(0, q_len, QUERY_BLOCK)]
+
+
+def _probabilities(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, row: int, start: int, end: int,
+                   causal: torch.Tensor) -> torch.Tensor:
+    """One block's softmax(q kᵀ) (``q`` pre-scaled), ``[heads, end - start, keys]``, over the keys each query sees.
+
+    ``mask`` None: causal, the block ``[start, end)`` of equally many queries and keys sees keys ``< end``, and only
+    its diagonal square needs masking (``causal``: -inf above the diagonal, added by the matmul); else the boolean
+    mask's rows (True: masked out).
+    """
+    if mask is None:
+        size = end - start
+        bias = q.new_zeros(size, end)
+        bias[:, start:] = causal[:size, :size]
+        scores = torch.baddbmm(bias, q[:, start:end], k[:, :end].transpose(1, 2))
+    else:
+        scores = torch.bmm(q[:, start:end], k.transpose(1, 2))
+        scores.masked_fill_(mask[row if mask.shape[0] > 1 else 0, 0, start:end], -math.inf)
+    return torch.softmax(scores, dim=-1)
+
+
+def _per_head(x: torch.Tensor, group: int) -> torch.Tensor:
+    """A row's ``[kv_heads, n, d]`` keys or values for every query head, ``[heads, n, d]`` contiguous."""
+    return x.repeat_interleave(group, dim=0) if group > 1 else x.contiguous()
+
+
+class _AttentionFunction(torch.autograd.Function):
+    """Softmax attention of ``q [b, h, n, d]`` on ``k, v [b, kv_h, m, d]``, causal (``mask`` None, n = m) or under
+    a boolean mask ``[b or 1, 1, n, m]`` (True: attend), scaled by ``scale``.
+
+    Returns ``[b, n, h, d]`` (the layout the output projection reads). Saves q, k, v and the output; the backward
+    recomputes each block's probabilities. Per batch row, the keys and values are repeated for the query heads of
+    their group (transient, one row's worth) so that every product is one batched matmul over the heads.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # type: ignore[override]
+                mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+        batch, heads, q_len, _ = q.shape
+        group = heads // k.shape[1]
+        scaled = torch.empty(q.shape, dtype=q.dtype, device=q.device).copy_(q).mul_(scale)
+        causal = _upper_triangle(q.device)
+        out = q.new_empty(batch, q_len, heads, v.shape[-1])
+        for row in range(batch):
+            k_row, v_row = _per_head(k[row], group), _per_head(v[row], group)
+            for start, end in _blocks(q_len):
+                probs = _probabilities(scaled[row], k_row, mask, row, start, end, causal)
+                out[row, start:end] = torch.bmm(probs, v_row[:, : probs.shape[-1]]).transpose(0, 1)
+        ctx.save_for_backward(scaled, k, v, out, mask)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:  # type: ignore[override]
+        scaled, k, v, out, mask = ctx.saved_tensors
+        batch, heads, q_len, _ = scaled.shape
+        kv_heads, k_len = k.shape[1], k.shape[2]
+        group = heads // kv_heads
+        causal = _upper_triangle(scaled.device)
+        dq = torch.empty_like(scaled)
+        dk = k.new_empty(batch, kv_heads, k_len, k.shape[-1])
+        dv = v.new_empty(batch, kv_heads, k_len, v.shape[-1])
+        for row in range(batch):
+            k_row, v_row = _per_head(k[row], group), _per_head(v[row], group)
+            d_out = grad[row].transpose(0, 1).contiguous()  # [h, n, d]
+            # Σ_j P_ij dP_ij = <dO_i, O_i>: the softmax backward's row term, per head and query.
+            row_terms = torch.linalg.vecdot(d_out, out[row].transpose(0, 1)).unsqueeze(-1)  # [h, n, 1]
+            dk_row, dv_row = torch.zeros_like(k_row), torch.zeros_like(v_row)
+            for start, end in _blocks(q_len):
+                probs = _probabilities(scaled[row], k_row, mask, row, start, end, causal)
+                keys = probs.shape[-1]
+                dv_row[:, :keys] += torch.bmm(probs.transpose(1, 2), d_out[:, start:end])
+                d_scores = torch.bmm(d_out[:, start:end], v_row[:, :keys].transpose(1, 2))
+                d_scores.sub_(row_terms[:, start:end]).mul_(probs)
+                dq[row, :, start:end] = torch.bmm(d_scores, k_row[:, :keys])
+                dk_row[:, :keys] += torch.bmm(d_scores.transpose(1, 2), scaled[row, :, start:end])
+            # The query heads of a group share one key/value head: their gradients add up.
+            dk[row] = dk_row.view(kv_heads, group, k_len, -1).sum(1) if group > 1 else dk_row
+            dv[row] = dv_row.view(kv_heads, group, k_len, -1).sum(1) if group > 1 else dv_row
+        return dq.mul_(ctx.scale), dk, dv, None, None
+
+
+_triangles: dict[torch.device, torch.Tensor] = {}
+
+
+def _upper_triangle(device: torch.device) -> torch.Tensor:
+    """-inf above the diagonal of a ``QUERY_BLOCK`` square (the keys a causal query must not see), 0 elsewhere."""
+    if device not in _triangles:
+        square = torch.zeros(QUERY_BLOCK, QUERY_BLOCK, device=device)
+        _triangles[device] = square.masked_fill_(torch.ones_like(square, dtype=torch.bool).triu_(1), -math.inf)
+    return _triangles[device]
+
+
+def _fallback(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def _usable_mask(mask: torch.Tensor, q_len: int, k_len: int) -> bool:
+    """A boolean ``[b or 1, 1, n, m]`` mask under which every query sees some key (else softmax is undefined
+    and SDPA's own convention applies)."""
+    return (mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[-2:] == (q_len, k_len)
+            and bool(mask.any(-1).all()))
+
+
+def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+              **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """A transformers attention implementation: ``_AttentionFunction`` where it computes what SDPA would (a causal
+    pass without a mask, or a boolean mask; fp32 CPU tensors; no dropout, softcap, sliding window or bias), else
+    transformers' SDPA path itself. Masks come from transformers' SDPA mask function (registered alongside)."""
+    q_len, k_len = query.shape[2], key.shape[2]
+    plain = (
+        dropout == 0.0 and query.device.type == "cpu"
+        and query.dtype == key.dtype == value.dtype == torch.float32
+        and kwargs.get("sliding_window") is None and kwargs.get("softcap") is None
+        and kwargs.get("position_bias") is None and not kwargs.get("output_attentions", False)
+        and getattr(module, "is_causal", True) and kwargs.get("is_causal", True) is not False
+        and query.shape[1] % key.shape[1] == 0 and key.shape[-1] == query.shape[-1]
+        # SDPA without a mask crops longer keys to the queries (top-left causal); a mask is explicit.
+        and (q_len == k_len if attention_mask is None else _usable_mask(attention_mask, q_len, k_len))
+        and q_len > 1
+    )
+    if not plain:
+        return _fallback(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if attention_mask is not None:
+        attention_mask = ~attention_mask.expand(-1, 1, q_len, k_len)  # True: masked out
+    return _AttentionFunction.apply(query, key, value, attention_mask, scale), None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION_NAME, attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+
+
+# -- installing --------------------------------------------------------------------------------------------
+
+
+def _patch(module: torch.nn.Module, forward: Any) -> None:
+    if _saved_forward not in module.__dict__:
+        module.__dict__[_saved_forward] = module.forward
+        module.forward = types.MethodType(forward, module)  # type: ignore[method-assign]
+
+
+def install(model: torch.nn.Module) -> int:
+    """Route ``model``'s RMSNorms, SiLU MLPs and (for Llama/Qwen-style decoders) attention through the fused
+    functions; returns how many modules changed. Exact to fp32 rounding; the HF path stays for what does not fit."""
+    changed = 0
+    for module in model.modules():
+        name = type(module).__name__
+        if name in NORM_CLASSES and hasattr(module, "variance_epsilon"):
+            _patch(module, _norm_forward)
+            changed += 1
+        elif name in MLP_CLASSES and _is_silu(getattr(module, "act_fn", None)):
+            _patch(module, _mlp_forward)
+            changed += 1
+    config: Any = getattr(model, "config", None)
+    # Text decoders on transformers' SDPA only (what ``attention`` falls back to); a vision-language model keeps its
+    # attention (its vision tower shares the config's setting).
+    if (config is not None and getattr(config, "vision_config", None) is None
+            and getattr(config, "_attn_implementation", None) == "sdpa"):
+        _register_attention()
+        config.__dict__["_tinker_previous_attn"] = config._attn_implementation
+        config._attn_implementation = ATTENTION_NAME
+        changed += 1
+    return changed
+
+
+def uninstall(model: torch.nn.Module) -> None:
+    """Undo ``install``: the HF modules and attention implementation again."""
+    for module in model.modules():
+        if module.__dict__.pop(_saved_forward, None) is not None:
+            del module.forward
+    config: Any = getattr(model, "config", None)
+    if config is not None and "_tinker_previous_attn" in config.__dict__:
+        config._attn_implementation = config.__dict__.pop("_tinker_previous_attn")
