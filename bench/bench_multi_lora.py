@@ -7,16 +7,18 @@
 Three sides, each in its own subprocess (so peak RSS is its own), alternating when ``--reps`` > 1 (best
 throughput of each side kept), all with LoRA rank 32 on all linear layers incl. the unembedding, AdamW:
 
-- one:   1 client on its own batch per step (the memory reference);
+- one:   1 client training each of the 4 clients' batches in turn per step, one forward_backward + optim_step each
+         (the memory reference: the peak of one client alone on any of the batches the four side trains);
 - union: 1 client training the union of the 4 clients' batches per step (the throughput reference);
 - four:  4 clients, each with its own batch per step, each submitting ``forward_backward`` + ``optim_step`` from
          its own thread and waiting for them (the engine batches their queued requests into shared passes).
 
 Each client's batch: ``--seqs`` sequences of ``--min-len``-``--max-len`` tokens (the union is the same 4 batches).
-A shared pass forms its length groups over all clients' rows under the same cap (GROUP_MAX_TOKENS padded tokens),
-so its activation memory is that of the largest group: as much as one client's only where that client's own batch
-fills groups to the cap (e.g. ``--min-len 480 --max-len 512``); with smaller batches the shared pass's groups are
-larger than one client's, as the union's are. Reported:
+A shared pass forms its length groups over all clients' rows, each no larger than the largest group any of its
+clients would run alone, so its activations are those of the client with the largest groups. The memory reference
+therefore trains all four batches, one after the other: measured on client 0's batch alone it would compare the
+shared pass against the client whose batch happens to have the smallest groups (with the defaults, client 0's
+largest group is 640 padded tokens and client 3's 898: 0.35 GB of activations apart on SmolLM2-135M). Reported:
 tokens/s over real tokens (and tokens per CPU-second of the process, steadier than wall time when other programs
 share the cores), peak RSS, the ratios four/one for memory (target <= 1.2) and four/union for throughput (target
 >= 0.9), how many requests ran batched, and the load average before and after. Not a test: machines are noisy, so
@@ -52,13 +54,16 @@ def run_side(side: str, model: str, steps: int, seqs: int, min_len: int, max_len
     clients = [service.create_lora_training_client(base_model=model, rank=32, seed=c) for c in range(count)]
     loaded_rss = peak_rss_gb()
 
-    def batch(client: int, step: int) -> list[list[int]]:
-        """Client ``client``'s sequences at ``step``; the union side's one client trains all 4 clients' batches.
+    def batches(client: int, step: int) -> list[list[list[int]]]:
+        """The batches client ``client`` trains at ``step``, one ``forward_backward`` + ``optim_step`` each: on the
+        four side its own; on the one side each of the 4 clients' batches in turn; on the union side all 4 in one.
         Step 0 is the warm-up (first-call costs): one short sequence per client."""
-        owners = range(CLIENTS) if side == "union" else [client]
+        owners = range(CLIENTS) if side != "four" else [client]
         if step == 0:
-            return [s for c in owners for s in make_batch(c, n=1, lo=64, hi=64)]
-        return [s for c in owners for s in make_batch(1000 * step + c, n=seqs, lo=min_len, hi=max_len)]
+            per_owner = [make_batch(c, n=1, lo=64, hi=64) for c in owners]
+        else:
+            per_owner = [make_batch(1000 * step + c, n=seqs, lo=min_len, hi=max_len) for c in owners]
+        return [[s for b in per_owner for s in b]] if side == "union" else per_owner
 
     def data_for(sequences: list[list[int]]) -> list[types.Datum]:
         return [types.Datum(model_input=types.ModelInput.from_ints(s[:-1]),
@@ -68,12 +73,12 @@ def run_side(side: str, model: str, steps: int, seqs: int, min_len: int, max_len
     def train(client: int, steps_to_run: range, tokens: list[int]) -> None:
         tc = clients[client]
         for step in steps_to_run:
-            sequences = batch(client, step)
-            fb = tc.forward_backward(data_for(sequences), "cross_entropy")
-            opt = tc.optim_step(types.AdamParams(learning_rate=1e-4))
-            fb.result()
-            opt.result()
-            tokens[client] += sum(len(s) - 1 for s in sequences)
+            for sequences in batches(client, step):
+                fb = tc.forward_backward(data_for(sequences), "cross_entropy")
+                opt = tc.optim_step(types.AdamParams(learning_rate=1e-4))
+                fb.result()
+                opt.result()
+                tokens[client] += sum(len(s) - 1 for s in sequences)
 
     def run_all(steps_to_run: range) -> int:
         tokens = [0] * count

@@ -235,3 +235,88 @@ def test_a_mixed_group_is_never_larger_than_a_members_largest_solo_group(
     assert sizes and max(sizes) <= solo_cap
     union = [b.model_input.length for batch in batches for b in batch]
     assert passes.largest_group_tokens(union) > solo_cap  # the case the cap is for
+
+
+def test_a_mixed_pass_runs_its_largest_group_first(engines: tuple[LocalBackend, LocalBackend],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memory: the heap keeps its high-water mark, and groups run smallest first raise it group by group around
+    what the earlier ones left behind; the largest group first sets it once (``multi_client.largest_first``)."""
+    from tinker_cookbook.engine import training
+
+    batched, _ = engines
+    sizes: list[int] = []
+    original = training.TrainingSession._run_group
+
+    def spy(self: Any, model: Any, items: list[Any], *args: Any, **kwargs: Any) -> Any:
+        sizes.append(len(items) * max(len(item.input_ids) for item in items))
+        return original(self, model, items, *args, **kwargs)
+
+    monkeypatch.setattr(training.TrainingSession, "_run_group", spy)
+    clients = [_client(batched, config) for config in CONFIGS]
+    with _held(batched):
+        futures = [tc.forward_backward(_batch(200 + i, n=4), "cross_entropy") for i, tc in enumerate(clients)]
+    for future in futures:
+        future.result()
+    assert batched.batched_requests == len(clients)
+    assert len(set(sizes)) > 2  # groups of several sizes, so that the order is tested
+    assert sizes == sorted(sizes, reverse=True)
+
+
+def _saved_for_backward(run: Callable[[], Any], params: list[torch.nn.Parameter]) -> tuple[int, int]:
+    """(bytes, count) of the distinct storages autograd saves for backward during ``run``, ``params`` left out.
+
+    Each storage is held until the end, so that no freed one's address is reused by a later one and counted once.
+    """
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    held: dict[int, Any] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in skip:
+            held[storage.data_ptr()] = storage
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
+    return sum(s.nbytes() for s in held.values()), len(held)
+
+
+def test_a_mixed_pass_saves_for_backward_what_a_solo_pass_of_the_same_rows_saves(
+        engines: tuple[LocalBackend, LocalBackend]) -> None:
+    """Memory: a pass's activations kept for the backward are most of a step's peak. Rows that each go through
+    their own adapter keep exactly what the same rows through one adapter keep, when the adapters have the same
+    shapes (per layer the input, shared by all segments as views of one tensor, and the rank-r product of each
+    row, with the rows split among the adapters): no per-segment copies, index tensors or zero fills. Only the
+    adapters' own weights, left out here, differ (4 adapters instead of 1)."""
+    from tinker_cookbook.engine import multi_lora, training
+
+    batched, _ = engines
+    config = dict(rank=4, train_attn=True, train_mlp=True, train_unembed=True)
+    clients = [_client(batched, {**config, "seed": 10 + i}) for i in range(4)]
+    sessions = [batched._session(tc.model_id) for tc in clients]
+    prepared = [s._prepare_forward(training.ForwardRequest(_batch(300 + i, n=2), "cross_entropy", None, True))
+                for i, s in enumerate(sessions)]
+    items = [item for p in prepared for item in p.batch]
+    token_losses = [loss for p in prepared for loss in p.token_losses()]
+    names = [p.session.run_id for p in prepared for _ in p.batch]
+    base = sessions[0].base
+    layers = training.lora_layers(base)
+    every_param = [p for s in sessions for p in s.params.values()]
+    trainable = {f"{s.run_id}/{k}": p for s in sessions for k, p in s.params.items()}
+
+    def mixed() -> None:
+        model = base.activate(sessions[0].run_id)
+        with multi_lora.no_active_adapter(layers, trainable):
+            sessions[0]._run_group(model, items, token_losses, row_adapters=names)
+
+    def solo() -> None:
+        model = base.activate(sessions[0].run_id)
+        with multi_lora.one_adapter(layers, sessions[0].run_id, sessions[0].params):
+            sessions[0]._run_group(model, items, token_losses)
+
+    mixed_bytes, mixed_count = _saved_for_backward(mixed, every_param)
+    solo_bytes, solo_count = _saved_for_backward(solo, every_param)
+    assert solo_bytes > 0
+    assert mixed_bytes == solo_bytes
+    # Tensors (not bytes): each adapted layer's rank-r product once per segment instead of once.
+    assert mixed_count <= solo_count + (len(sessions) - 1) * len(layers)

@@ -60,6 +60,19 @@ def forward_together(requests: list[tuple[TrainingSession, ForwardRequest]]) -> 
     return [o if o is not None else RuntimeError("request not run (an engine bug)") for o in outcomes], mixed
 
 
+def largest_first(groups: list[list[int]], lengths: list[int]) -> list[list[int]]:
+    """``groups`` (of indices into ``lengths``), the largest padded size first (stable among equal sizes).
+
+    The heap a pass allocates from keeps what it once held (the engine's malloc settings keep freed memory for
+    reuse): a pass that runs its groups smallest first lays each group's activations out around what the previous
+    groups left behind (gradients first created in their backward, outputs), and every larger group raises the
+    high-water mark again; the largest group run first sets it once, into a heap that the smaller groups then fit.
+    A mixed pass has several clients' groups, so many more of them than a client's own pass (measured on
+    SmolLM2-135M: the peak RSS of a 4-client pass 0.3-0.5 GB lower).
+    """
+    return sorted(groups, key=lambda group: -len(group) * max(lengths[i] for i in group))
+
+
 def _run_alone(prepared: PreparedForward) -> Outcome:
     try:
         return prepared.session._run_prepared(prepared)
@@ -93,7 +106,8 @@ def _run_mixed(members: list[PreparedForward]) -> list[Outcome]:
     cap = max(passes.largest_group_tokens([len(item.input_ids) for item in prepared.batch]) for prepared in members)
     try:
         with multi_lora.no_active_adapter(layers, trainable):
-            for group in passes.length_groups([len(item.input_ids) for item in items], cap):
+            for group in largest_first(passes.length_groups([len(item.input_ids) for item in items], cap),
+                                       [len(item.input_ids) for item in items]):
                 group = sorted(group, key=lambda r: rows[r][0])  # each session's rows contiguous (stable sort)
                 group_losses = None
                 if losses_by_member is not None:
