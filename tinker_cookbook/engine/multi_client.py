@@ -64,11 +64,13 @@ def largest_first(groups: list[list[int]], lengths: list[int]) -> list[list[int]
     """``groups`` (of indices into ``lengths``), the largest padded size first (stable among equal sizes).
 
     The heap a pass allocates from keeps what it once held (the engine's malloc settings keep freed memory for
-    reuse): a pass that runs its groups smallest first lays each group's activations out around what the previous
-    groups left behind (gradients first created in their backward, outputs), and every larger group raises the
-    high-water mark again; the largest group run first sets it once, into a heap that the smaller groups then fit.
-    A mixed pass has several clients' groups, so many more of them than a client's own pass (measured on
-    SmolLM2-135M: the peak RSS of a 4-client pass 0.3-0.5 GB lower).
+    reuse), so a step's peak RSS is the high-water mark of its largest group plus whatever lay above it. Run
+    smallest first, each larger group lays its activations out around what the earlier ones left behind (the
+    gradients first created in their backward, their outputs) and raises the mark again, and the largest one runs
+    with every client's gradients already allocated; run first, it sets the mark once and the smaller groups fit
+    under it. A mixed pass has several clients' groups, so many more of them than one client's own pass. Measured
+    on SmolLM2-135M (4 clients x 4 rows of 64-512 tokens in one pass, together with ``multi_lora``'s fused adds):
+    peak RSS 4.72 -> 4.16 GiB, the largest group's peak of live bytes 3.31 -> 2.95 GB.
     """
     return sorted(groups, key=lambda group: -len(group) * max(lengths[i] for i in group))
 
