@@ -235,3 +235,135 @@ def test_a_mixed_group_is_never_larger_than_a_members_largest_solo_group(
     assert sizes and max(sizes) <= solo_cap
     union = [b.model_input.length for batch in batches for b in batch]
     assert passes.largest_group_tokens(union) > solo_cap  # the case the cap is for
+
+
+def test_a_mixed_pass_runs_its_largest_group_first(engines: tuple[LocalBackend, LocalBackend],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memory: the heap keeps its high-water mark, and groups run smallest first raise it group by group around
+    what the earlier ones left behind; the largest group first sets it once (``multi_client.largest_first``)."""
+    from tinker_cookbook.engine import training
+
+    batched, _ = engines
+    sizes: list[int] = []
+    original = training.TrainingSession._run_group
+
+    def spy(self: Any, model: Any, items: list[Any], *args: Any, **kwargs: Any) -> Any:
+        sizes.append(len(items) * max(len(item.input_ids) for item in items))
+        return original(self, model, items, *args, **kwargs)
+
+    monkeypatch.setattr(training.TrainingSession, "_run_group", spy)
+    clients = [_client(batched, config) for config in CONFIGS]
+    with _held(batched):
+        futures = [tc.forward_backward(_batch(200 + i, n=4), "cross_entropy") for i, tc in enumerate(clients)]
+    for future in futures:
+        future.result()
+    assert batched.batched_requests == len(clients)
+    assert len(set(sizes)) > 2  # groups of several sizes, so that the order is tested
+    assert sizes == sorted(sizes, reverse=True)
+
+
+def _saved_for_backward(run: Callable[[], Any], params: list[torch.nn.Parameter]) -> tuple[int, int]:
+    """(bytes, count) of the distinct storages autograd saves for backward during ``run``, ``params`` left out.
+
+    Each storage is held until the end, so that no freed one's address is reused by a later one and counted once.
+    """
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    held: dict[int, Any] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in skip:
+            held[storage.data_ptr()] = storage
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
+    return sum(s.nbytes() for s in held.values()), len(held)
+
+
+def _mixed_and_solo(backend: LocalBackend, clients: list[tinker.TrainingClient]
+                    ) -> tuple[Callable[[], Any], Callable[[], Any], list[torch.nn.Parameter]]:
+    """The same rows (two of each of 4 ``clients``, adapters of one shape) in one pass: each row through its own
+    client's adapter (mixed), or all through client 0's (solo); and every adapter parameter."""
+    from tinker_cookbook.engine import multi_lora, training
+
+    sessions = [backend._session(tc.model_id) for tc in clients]
+    prepared = [s._prepare_forward(training.ForwardRequest(_batch(300 + i, n=2), "cross_entropy", None, True))
+                for i, s in enumerate(sessions)]
+    items = [item for p in prepared for item in p.batch]
+    token_losses = [loss for p in prepared for loss in p.token_losses()]
+    names = [p.session.run_id for p in prepared for _ in p.batch]
+    base = sessions[0].base
+    layers = training.lora_layers(base)
+    trainable = {f"{s.run_id}/{k}": p for s in sessions for k, p in s.params.items()}
+
+    def mixed() -> None:
+        model = base.activate(sessions[0].run_id)
+        with multi_lora.no_active_adapter(layers, trainable):
+            sessions[0]._run_group(model, items, token_losses, row_adapters=names)
+
+    def solo() -> None:
+        model = base.activate(sessions[0].run_id)
+        with multi_lora.one_adapter(layers, sessions[0].run_id, sessions[0].params):
+            sessions[0]._run_group(model, items, token_losses)
+
+    return mixed, solo, list(trainable.values())
+
+
+def _same_shape_clients(backend: LocalBackend) -> list[tinker.TrainingClient]:
+    """4 clients whose adapters have one shape (the caller keeps them: a collected client closes its session)."""
+    return [_client(backend, dict(rank=4, seed=10 + i)) for i in range(4)]
+
+
+def test_a_mixed_pass_saves_for_backward_what_a_solo_pass_of_the_same_rows_saves(
+        engines: tuple[LocalBackend, LocalBackend]) -> None:
+    """Memory: a pass's activations kept for the backward are most of a step's peak. Rows that each go through
+    their own adapter keep exactly what the same rows through one adapter keep, when the adapters have the same
+    shapes (per layer the input, shared by all segments as views of one tensor, and the rank-r product of each
+    row, with the rows split among the adapters): no per-segment copies, index tensors or zero fills. Only the
+    adapters' own weights, left out here, differ (4 adapters instead of 1)."""
+    batched, _ = engines
+    clients = _same_shape_clients(batched)
+    mixed, solo, params = _mixed_and_solo(batched, clients)
+    mixed_bytes, mixed_count = _saved_for_backward(mixed, params)
+    solo_bytes, solo_count = _saved_for_backward(solo, params)
+    assert solo_bytes > 0
+    assert mixed_bytes == solo_bytes
+    # Tensors (not bytes): each adapted layer's rank-r product once per segment instead of once.
+    assert mixed_count <= solo_count + 3 * len(params)
+
+
+def _vocabulary_wide_outputs(run: Callable[[], Any], vocab_size: int) -> int:
+    """How many new (not view or in-place) tensors of vocabulary width the ops of ``run`` create, backward included."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    count = 0
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            nonlocal count
+            out = func(*args, **(kwargs or {}))
+            fresh = all(r.alias_info is None for r in func._schema.returns)
+            outs = out if isinstance(out, (tuple, list)) else [out]
+            count += sum(1 for o in outs if fresh and isinstance(o, torch.Tensor) and o.dim() >= 1
+                         and o.shape[-1] == vocab_size)
+            return out
+
+    with Count():
+        run()
+    return count
+
+
+def test_a_mixed_pass_makes_no_more_vocabulary_wide_tensors_than_a_solo_pass(
+        engines: tuple[LocalBackend, LocalBackend]) -> None:
+    """Memory: the unembedding's [tokens, vocabulary] tensors are the largest of a step, made while every
+    activation of the pass is held for the backward. A row through its own adapter makes as many as a row of a
+    client alone (the base logits, their sum with the LoRA product, the backward's softmax); peft's
+    ``base + B(A(x)) * scaling`` made three more per chunk."""
+    batched, _ = engines
+    clients = _same_shape_clients(batched)
+    mixed, solo, _ = _mixed_and_solo(batched, clients)
+    vocab = batched._session(clients[0].model_id).base.vocab_size
+    solo_count = _vocabulary_wide_outputs(solo, vocab)
+    assert solo_count > 0
+    assert _vocabulary_wide_outputs(mixed, vocab) == solo_count

@@ -2,11 +2,11 @@
 
 peft applies its active adapter(s) to every row of a batch, and its per-row ``adapter_names`` refuses training
 mode, so a mixed pass works around it: every peft LoRA layer computes the base output only (no active adapter),
-and a forward hook adds each adapter's delta ``lora_B(lora_A(x)) * scaling`` on its own contiguous segment of rows
-(rows are sorted by adapter): the segments' deltas are concatenated with ``torch.cat`` and added to the base output
-(no in-place writes), so autograd sends each segment's gradient to that adapter's parameters only. The math per
-row is peft's ``lora.Linear.forward`` for one vanilla adapter: the same input cast, the same modules, the same
-scaling, the same sum, under the same autocast.
+and a forward hook adds each adapter's delta ``lora_B(lora_A(x)) * scaling`` to its own contiguous segment of rows
+(rows are sorted by adapter) through ``add_fused``, as the single-client path does; the segments are concatenated
+with ``torch.cat`` (no in-place writes), so autograd sends each segment's gradient to that adapter's parameters
+only. The math per row is peft's ``lora.Linear.forward`` for one vanilla adapter: the same input cast, the same
+modules, the same scaling, the same sum (rounded as the single-client path rounds it), under the same autocast.
 
 Adapters of different ranks mix freely (each delta uses its own matrices), and so do different target sets: a layer
 an adapter does not target adds nothing to its rows, which is exactly what peft does for that adapter alone.
@@ -49,18 +49,11 @@ def supports(layers: Sequence[Any], names: Sequence[str]) -> bool:
     return True
 
 
-def delta(layer: Any, name: str, x: torch.Tensor) -> torch.Tensor:
-    """Adapter ``name``'s contribution to ``layer(x)``, as peft computes it (input cast to the LoRA weights' dtype)."""
-    lora_a, lora_b = layer.lora_A[name], layer.lora_B[name]
-    if x.dtype != lora_a.weight.dtype:
-        x = x.to(lora_a.weight.dtype)
-    return lora_b(lora_a(x)) * layer.scaling[name]
-
-
 def add_fused(layer: Any, name: str, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-    """``output + delta(layer, name, x)`` with the scaling applied on the rank-r side and the add fused into the
-    B matmul (``addmm``): peft's ``B(A(x)) * scaling`` then ``+`` make two more passes over the full-width output
-    (and one more in the backward) per adapted layer, a large share of a CPU training step. Same sum, rounded
+    """``output`` plus adapter ``name``'s contribution to ``layer(x)``: peft's ``B(A(x)) * scaling`` (input cast to
+    the LoRA weights' dtype), with the scaling applied on the rank-r side and the add fused into the B matmul
+    (``addmm``). peft's separate product, scaling and ``+`` make two more passes over the full-width output (and
+    one more in the backward) per adapted layer, a large share of a CPU training step. Same sum, rounded
     differently only."""
     lora_a, lora_b = layer.lora_A[name], layer.lora_B[name]
     if x.dtype != lora_a.weight.dtype:
@@ -87,8 +80,9 @@ def with_adapter(layer: torch.nn.Module, name: str) -> Callable[[torch.Tensor], 
         return layer
 
     def apply(x: torch.Tensor) -> torch.Tensor:
-        base = layer(x)
-        return (base + delta(layer, name, x)).to(base.dtype)
+        # Fused like the single-client path: on the unembedding each extra [tokens, vocabulary] tensor of
+        # ``base + B(A(x)) * scaling`` (two more) would sit on top of the pass's activations.
+        return add_fused(layer, name, x, layer(x))
 
     return apply
 
@@ -150,20 +144,18 @@ def row_segments(layers: Sequence[Any], segments: Sequence[tuple[str, int]]) -> 
         if x is None or x.shape[0] != rows or output.shape[0] != rows:
             raise RuntimeError(f"a mixed-adapter pass expected {rows} rows at {type(layer).__name__}, got input "
                                f"{None if x is None else list(x.shape)} and output {list(output.shape)}")
-        # split (views; its backward concatenates the pieces' gradients) rather than slicing, whose backward
-        # would build a zero-filled gradient of the whole input per segment.
-        parts = torch.split(x, counts)
-        deltas: list[torch.Tensor | None] = [
-            delta(layer, name, part) if name in layer.lora_A else None
-            for (name, _), part in zip(segments, parts, strict=True)
-        ]
-        present = [d for d in deltas if d is not None]
-        if not present:
+        if not any(name in layer.lora_A for name, _ in segments):
             return output
-        # Rows of an adapter that does not target this layer get + 0, which leaves every value as it is.
-        filled = [d if d is not None else present[0].new_zeros((count, *present[0].shape[1:]))
-                  for d, count in zip(deltas, counts, strict=True)]
-        return (output + torch.cat(filled)).to(output.dtype)
+        # split (views; its backward concatenates the pieces' gradients) rather than slicing, whose backward
+        # would build a zero-filled gradient of the whole input per segment. Each segment's sum goes through
+        # ``add_fused``, as a single client's rows do: one new full-width tensor per segment and one for the
+        # concatenation, where a separate delta, its scaled copy and the sum would be three more per layer (they
+        # add up on top of the activations, and their varying sizes fragment the heap). Rows of an adapter that
+        # does not target this layer keep the base output.
+        pieces = [add_fused(layer, name, x_part, out_part) if name in layer.lora_A else out_part
+                  for (name, _), x_part, out_part in zip(segments, torch.split(x, counts), torch.split(output, counts),
+                                                         strict=True)]
+        return torch.cat(pieces)
 
     handles = [layer.register_forward_hook(hook) for layer in layers]
     try:
