@@ -144,7 +144,7 @@ def matmul_peaks_gflops() -> dict[str, float]:
     return peaks
 
 
-def param_count(model: str) -> int:
+def _meta_model(model: str) -> tuple[object, object]:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -152,8 +152,33 @@ def param_count(model: str) -> int:
 
     config = load_model_config(model)
     with torch.device("meta"):
-        m = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in m.parameters())
+        return config, AutoModelForCausalLM.from_config(config)
+
+
+def param_count(model: str) -> int:
+    _, m = _meta_model(model)
+    return sum(p.numel() for p in m.parameters())  # type: ignore[attr-defined]
+
+
+def extra_flops_per_token(model: str, steps: int, rank: int = 32) -> tuple[float, float]:
+    """The matmul FLOPs per token of the timed steps that 4·N leaves out: (LoRA, attention), forward + backward.
+
+    LoRA: every adapted Linear (all of them, the unembedding included) does ``2·r·(in + out)`` in the forward and
+    twice that in the backward (input gradient and the A/B weight gradients). Attention: per layer, ``q·kᵀ`` and
+    ``p·v`` cost ``4·d_attn`` per (query, visible key) pair in the forward and twice that in the backward; a causal
+    sequence of L tokens has L(L+1)/2 pairs. Recomputation inside a backward is not counted (it is not the model's
+    work), so these are the FLOPs any implementation must do."""
+    import torch
+
+    config, m = _meta_model(model)
+    lora = 3 * 2 * rank * sum(mod.in_features + mod.out_features for mod in m.modules()  # type: ignore[attr-defined]
+                              if isinstance(mod, torch.nn.Linear))
+    lengths = [len(s) - 1 for i in range(steps) for s in make_batch(i + 1)]  # the timed steps' batches
+    heads = config.num_attention_heads  # type: ignore[attr-defined]
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads  # type: ignore[attr-defined]
+    pairs = sum(n * (n + 1) / 2 for n in lengths)
+    attention = 3 * 4 * heads * head_dim * config.num_hidden_layers * pairs / sum(lengths)  # type: ignore[attr-defined]
+    return float(lora), attention
 
 
 def child(side: str, model: str, steps: int) -> None:
@@ -239,6 +264,13 @@ def main() -> None:
         print(f"per CPU-second: engine fp32 {4 * n * e['tokens_per_cpu_s'] / 1e9 / fp32_peak:.0%} of the oneDNN fp32 "
               f"peak, engine bf16 {4 * n * h['tokens_per_cpu_s'] / 1e9 / peaks.get('bf16 oneDNN', float('nan')):.0%} "
               "of bf16's")
+    lora, attention = extra_flops_per_token(args.model, args.steps)
+    total = 4 * n + lora + attention
+    per_s = e["tokens_per_cpu_s"] if args.threads == 1 else e["tokens_per_s"]
+    print(f"all matmul FLOPs per token: 4N {4 * n / 1e6:.0f}M + LoRA {lora / 1e6:.0f}M + attention "
+          f"{attention / 1e6:.0f}M = {total / 1e6:.0f}M ({total / (4 * n):.2f}x 4N); counted so, engine fp32 does "
+          f"{total * per_s / 1e9:.1f} GFLOP/s{' per CPU-second' if args.threads == 1 else ''} = "
+          f"{total * per_s / 1e9 / fp32_peak:.0%} of the oneDNN fp32 peak")
     print(f"engine fp32: {4 * n * e['tokens_per_s'] / 1e9 / fp32_peak:.0%} of the oneDNN fp32 peak (target >= 60%); "
           f"engine bf16: {4 * n * h['tokens_per_s'] / 1e9 / peaks.get('bf16 oneDNN', float('nan')):.0%} of bf16's; "
           f"load average at the end {os.getloadavg()[0]:.1f}")

@@ -149,6 +149,16 @@ def test_attention_falls_back_where_it_does_not_apply() -> None:
     assert torch.equal(out, expected)
 
 
+def test_short_attention_passes_keep_sdpa() -> None:
+    """Below ``MIN_QUERIES`` queries the pass is SDPA's own (bit for bit), where the fused loop would be slower."""
+    generator = torch.Generator().manual_seed(5)
+    n = fused_layers.MIN_QUERIES - 1
+    q, k, v = (torch.randn(1, 2, n, 8, generator=generator) for _ in range(3))
+    out, _ = fused_layers.attention(torch.nn.Module(), q, k, v, None, scaling=0.3)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3).transpose(1, 2)
+    assert torch.equal(out, expected)
+
+
 def _session(model: str, fused: bool, monkeypatch: pytest.MonkeyPatch) -> TrainingSession:
     monkeypatch.setattr(training, "FUSED_LAYERS", fused)
     base = BaseModel(get_model_spec(model), load_model(model, torch.float32), torch.float32)

@@ -39,6 +39,11 @@ ATTENTION_NAME = "tinker_cookbook_fused"
 QUERY_BLOCK = 128
 """Queries per attention block: one block's scores (``heads x QUERY_BLOCK x keys`` fp32) stay in the L2/L3 cache at
 the sequence lengths training sees, and causal blocks skip the keys after their last query."""
+MIN_QUERIES = 256
+"""Shorter passes keep SDPA: the per-row, per-block loop beat torch's CPU kernel (forward + backward, head size 64)
+from about 256 queries per row (0.76-0.79x its time at 512, 0.91-1.0x at 256, 0.93-1.05x at 1024, one and two
+threads) and lost below (1.05-1.5x at 64-128), where RL's short rows and shared-prefix passes sit (``rl_basic``
+iterations were 0.87x as fast with every pass fused)."""
 NORM_CLASSES = ("LlamaRMSNorm", "Qwen3RMSNorm")
 MLP_CLASSES = ("LlamaMLP", "Qwen3MLP")
 """The HF classes whose forward these functions reproduce (checked by tests/engine/test_fused_layers.py)."""
@@ -231,7 +236,8 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
               **kwargs: Any) -> tuple[torch.Tensor, None]:
     """A transformers attention implementation: ``_AttentionFunction`` where it computes what SDPA would (a causal
-    pass without a mask, or a boolean mask; fp32 CPU tensors; no dropout, softcap, sliding window or bias), else
+    pass without a mask, or a boolean mask; at least ``MIN_QUERIES`` queries; fp32 CPU tensors; no dropout, softcap,
+    sliding window or bias), else
     transformers' SDPA path itself. Masks come from transformers' SDPA mask function (registered alongside)."""
     q_len, k_len = query.shape[2], key.shape[2]
     plain = (
@@ -243,7 +249,7 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
         and query.shape[1] % key.shape[1] == 0 and key.shape[-1] == query.shape[-1]
         # SDPA without a mask crops longer keys to the queries (top-left causal); a mask is explicit.
         and (q_len == k_len if attention_mask is None else _usable_mask(attention_mask, q_len, k_len))
-        and q_len > 1
+        and q_len >= MIN_QUERIES
     )
     if not plain:
         return _fallback(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
