@@ -1,9 +1,14 @@
 """Every engine test runs once per device: the CPU, and CUDA where torch sees a GPU (CI: CPU only)."""
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
+from transformers import AutoTokenizer
+
+from tinker_cookbook.base import assets
+from tinker_cookbook.engine.sampler import SamplerEngine
 
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 
@@ -15,3 +20,16 @@ def device(request: pytest.FixtureRequest) -> Iterator[str]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TINKER_COOKBOOK_DEVICE", request.param)
         yield request.param
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    """The real Qwen3 tokenizer (a module may define its own ``tokenizer``, which then takes precedence)."""
+    return AutoTokenizer.from_pretrained(assets.require(assets.qwen3_tokenizer_dir(), "the Qwen3 tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[SamplerEngine]:
+    """One sampler engine shared by a module's tests."""
+    with SamplerEngine(max_batch_sequences=64) as shared:
+        yield shared

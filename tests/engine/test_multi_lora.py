@@ -209,13 +209,10 @@ def test_each_clients_order_is_kept(engines: tuple[LocalBackend, LocalBackend]) 
     assert not torch.allclose(_logprobs(results[1])[0], _logprobs(results[3])[0], atol=1e-3)
 
 
-def test_a_mixed_group_is_never_larger_than_a_members_largest_solo_group(
-        engines: tuple[LocalBackend, LocalBackend], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Memory: a pass's activations grow with its padded size, so batching clients must not make groups larger
-    than the largest one any of them would run alone (without the cap, four small batches form one big group)."""
-    from tinker_cookbook.engine import passes, training
+def _group_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that receives each training group's padded size (rows x longest row) as the engine runs it."""
+    from tinker_cookbook.engine import training
 
-    batched, _ = engines
     sizes: list[int] = []
     original = training.TrainingSession._run_group
 
@@ -224,6 +221,17 @@ def test_a_mixed_group_is_never_larger_than_a_members_largest_solo_group(
         return original(self, model, items, *args, **kwargs)
 
     monkeypatch.setattr(training.TrainingSession, "_run_group", spy)
+    return sizes
+
+
+def test_a_mixed_group_is_never_larger_than_a_members_largest_solo_group(
+        engines: tuple[LocalBackend, LocalBackend], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memory: a pass's activations grow with its padded size, so batching clients must not make groups larger
+    than the largest one any of them would run alone (without the cap, four small batches form one big group)."""
+    from tinker_cookbook.engine import passes
+
+    batched, _ = engines
+    sizes = _group_sizes(monkeypatch)
     clients = [_client(batched, config) for config in CONFIGS]
     batches = [_batch(100 + i, n=2) for i in range(len(clients))]
     with _held(batched):
@@ -241,17 +249,9 @@ def test_a_mixed_pass_runs_its_largest_group_first(engines: tuple[LocalBackend, 
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Memory: the heap keeps its high-water mark, and groups run smallest first raise it group by group around
     what the earlier ones left behind; the largest group first sets it once (``multi_client.largest_first``)."""
-    from tinker_cookbook.engine import training
 
     batched, _ = engines
-    sizes: list[int] = []
-    original = training.TrainingSession._run_group
-
-    def spy(self: Any, model: Any, items: list[Any], *args: Any, **kwargs: Any) -> Any:
-        sizes.append(len(items) * max(len(item.input_ids) for item in items))
-        return original(self, model, items, *args, **kwargs)
-
-    monkeypatch.setattr(training.TrainingSession, "_run_group", spy)
+    sizes = _group_sizes(monkeypatch)
     clients = [_client(batched, config) for config in CONFIGS]
     with _held(batched):
         futures = [tc.forward_backward(_batch(200 + i, n=4), "cross_entropy") for i, tc in enumerate(clients)]

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from tinker_cookbook.base import assets
 from tinker_cookbook.engine import sampler_model
 from tinker_cookbook.engine.sampler import SamplerEngine, SamplingWeights, default_sampling_dtype
 from tinker_cookbook.engine.sampler_batch import KVPool
@@ -98,16 +96,6 @@ def qwen3() -> Qwen3ForCausalLM:
 def qwen3_weights(qwen3: Qwen3ForCausalLM, device: str) -> SamplingWeights:
     return _weights(qwen3, device=device)
 
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return AutoTokenizer.from_pretrained(assets.require(assets.qwen3_tokenizer_dir(), "the Qwen3 tokenizer"))
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[SamplerEngine]:
-    with SamplerEngine(max_batch_sequences=64) as shared:
-        yield shared
 
 
 def _prompt(tokenizer: Any, text: str) -> types.ModelInput:

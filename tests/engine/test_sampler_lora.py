@@ -19,16 +19,14 @@ import copy
 import gc
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
-from transformers import AutoTokenizer
 
 from tests.engine.test_sampler import _tiny_llama, _tiny_qwen3
-from tinker_cookbook.base import assets
 from tinker_cookbook.engine import sampler_lora, sampler_model
 from tinker_cookbook.engine.sampler import SamplerEngine, SamplingWeights
 from tinker_cookbook.tinker import types
@@ -44,16 +42,6 @@ _ADAPTERS = [
     (2, _ALL),
 ]
 
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return AutoTokenizer.from_pretrained(assets.require(assets.qwen3_tokenizer_dir(), "the Qwen3 tokenizer"))
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[SamplerEngine]:
-    with SamplerEngine(max_batch_sequences=64) as shared:
-        yield shared
 
 
 @pytest.fixture(scope="module", params=[_tiny_qwen3, _tiny_llama], ids=["qwen3", "llama3-tied"])
