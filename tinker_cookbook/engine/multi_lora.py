@@ -120,13 +120,8 @@ def one_adapter(layers: Sequence[Any], name: str, params: dict[str, torch.nn.Par
             return output
         return add_fused(layer, name, args[0], output)
 
-    with no_active_adapter(layers, params):
-        handles = [layer.register_forward_hook(hook) for layer in layers]
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
+    with no_active_adapter(layers, params), _forward_hooks(layers, hook):
+        yield
 
 
 @contextlib.contextmanager
@@ -157,6 +152,13 @@ def row_segments(layers: Sequence[Any], segments: Sequence[tuple[str, int]]) -> 
                                                          strict=True)]
         return torch.cat(pieces)
 
+    with _forward_hooks(layers, hook):
+        yield
+
+
+@contextlib.contextmanager
+def _forward_hooks(layers: Sequence[Any], hook: Callable[..., torch.Tensor]) -> Iterator[None]:
+    """``hook`` as every layer's forward hook while active (removed however the block ends)."""
     handles = [layer.register_forward_hook(hook) for layer in layers]
     try:
         yield
