@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from tinker_cookbook.engine import frozen_linear
+from tinker_cookbook.engine import decode_kernel, frozen_linear
 from tinker_cookbook.engine.passes import shared_prefix_length
 from tinker_cookbook.tinker.errors import BadRequestError
 
@@ -787,6 +787,8 @@ def decode(
     A batch-1 step is hundreds of small torch calls, each costing microseconds: whatever does not depend on the
     layer (cache views, masks, rotary tables) is made once per step, and masks that mask nothing are skipped.
     """
+    if decode_kernel.usable(weights) and decode_kernel.accepts(cache, shared):
+        return decode_kernel.decode(weights, cache, tokens, positions, shared, rope_positions)
     spec = weights.spec
     n = tokens.shape[0]
     cos, sin = _decode_rope(weights, positions if rope_positions is None else rope_positions)
