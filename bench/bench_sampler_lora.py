@@ -163,7 +163,7 @@ def cpu_steps(snapshots: dict[str, list[Any]], per_snapshot: int) -> None:
     """(c): CPU milliseconds per decode step at one thread."""
     import torch
 
-    from tinker_cookbook.engine import sampler_lora, sampler_model
+    from tinker_cookbook.engine import sampler_decode, sampler_lora, sampler_model
 
     torch.set_num_threads(1)
     merged, unmerged = snapshots["merged"], snapshots["unmerged"]
@@ -179,7 +179,7 @@ def cpu_steps(snapshots: dict[str, list[Any]], per_snapshot: int) -> None:
                 start = time.process_time()
                 for _ in range(5):
                     decoder = make()
-                    sampler_model.logits(decoder, sampler_model.decode(decoder, cache, tokens, positions, 41))
+                    sampler_model.logits(decoder, sampler_decode.decode(decoder, cache, tokens, positions, 41))
                 times.append((time.process_time() - start) / 5 * 1000)
         return sorted(times)[len(times) // 2]
 

@@ -217,16 +217,20 @@ def worker_batch1(model: str, new_tokens: int) -> dict[str, Any]:
         response = engine.submit(weights, None, types.ModelInput.from_ints(prompt), 1, params).result()
         return time.perf_counter() - start, len(response.sequences[0].tokens)
 
+    try:  # where the decode step lives: its own module since the compiled decode, sampler_model before
+        from tinker_cookbook.engine import sampler_decode as decode_module
+    except ImportError:
+        decode_module = sampler_model  # type: ignore[assignment]
     with SamplerEngine() as engine:  # no tokenizer: no EOS stop, always N tokens
         decode_threads: list[int] = []
-        spy = sampler_model.decode
+        spy = decode_module.decode
 
         def counting_decode(*args: Any, **kwargs: Any) -> Any:  # the worker's thread count during a step
             if not decode_threads:
                 decode_threads.append(torch.get_num_threads())
             return spy(*args, **kwargs)
 
-        sampler_model.decode = counting_decode  # type: ignore[assignment]
+        decode_module.decode = counting_decode  # type: ignore[assignment]
         timed(4)
         prefill = min(timed(1)[0] for _ in range(3))
         best = min(timed(new_tokens) for _ in range(2))
@@ -234,7 +238,7 @@ def worker_batch1(model: str, new_tokens: int) -> dict[str, Any]:
     per_position = spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * 4  # fp32 K and V of all layers
     # The decoded tokens 2..N attend to the prompt and the tokens before them: on average this many positions.
     attended = len(prompt) + best[1] / 2
-    sampler_model.decode = spy  # type: ignore[assignment]
+    decode_module.decode = spy  # type: ignore[assignment]
     result = {
         "tokens_per_s": (best[1] - 1) / (best[0] - prefill),
         "decode_threads": decode_threads[0],

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.engine.test_sampler import _tiny_llama, _tiny_qwen2, _tiny_qwen3
-from tinker_cookbook.engine import decode_kernel, sampler_model
+from tinker_cookbook.engine import decode_kernel, sampler_decode, sampler_model
 from tinker_cookbook.engine.sampler import SamplerEngine, SamplingWeights
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError
@@ -66,7 +66,7 @@ def test_compiled_decode_equals_torch_decode_with_shared_prompts(make: Any, monk
     for slot, kv in enumerate(kvs):
         shared_cache[:, :, slot, :, : kv.shape[3]] = kv
     of_row = torch.tensor([2, 0, 2, 0, 2])
-    shared = sampler_model.SharedPrompts(shared_cache, lengths, of_row)
+    shared = sampler_decode.SharedPrompts(shared_cache, lengths, of_row)
     caches = {mode: torch.zeros(spec.num_layers, 2, 5, spec.num_kv_heads, 8, spec.head_dim) for mode in "10"}
     positions = lengths[of_row].clone()
     for step in range(4):
@@ -74,7 +74,7 @@ def test_compiled_decode_equals_torch_decode_with_shared_prompts(make: Any, monk
 
         def run(positions: torch.Tensor = positions, tokens: torch.Tensor = tokens, step: int = step) -> Any:
             cache = caches[os.environ[decode_kernel.ENV_VAR]]
-            return sampler_model.decode(weights, cache, tokens, positions, step + 1, shared, positions + 5)
+            return sampler_decode.decode(weights, cache, tokens, positions, step + 1, shared, positions + 5)
 
         compiled, reference = _decode_both(monkeypatch, run)
         torch.testing.assert_close(compiled, reference, atol=1e-5 * float(reference.abs().max()), rtol=0)
@@ -98,7 +98,7 @@ def test_compiled_decode_equals_torch_decode_with_own_caches(make: Any, monkeypa
     def run() -> list[torch.Tensor]:
         cache, tokens, positions, states = start.clone(), torch.tensor([3, 4]), torch.tensor([7, 4]), []
         for _ in range(3):
-            hidden = sampler_model.decode(weights, cache, tokens, positions, int(positions.max()) + 1)
+            hidden = sampler_decode.decode(weights, cache, tokens, positions, int(positions.max()) + 1)
             states.append(hidden)
             tokens = sampler_model.logits(weights, hidden).argmax(-1)
             positions = positions + 1

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from tinker_cookbook.engine import sampler_model
+from tinker_cookbook.engine import sampler_decode, sampler_model
 from tinker_cookbook.engine.sampler import SamplerEngine, SamplingWeights, default_sampling_dtype
 from tinker_cookbook.engine.sampler_batch import KVPool
 from tinker_cookbook.tinker import types
@@ -146,7 +146,7 @@ def test_decoder_matches_hf_logits(make: Any) -> None:
     for slot, kv in enumerate(result.kv):
         cache[:, :, slot, :, : kv.shape[3]] = kv
     step = sampler_model.logits(
-        weights, sampler_model.decode(weights, cache, torch.tensor([3, 4]), torch.tensor([7, 4]), 8)
+        weights, sampler_decode.decode(weights, cache, torch.tensor([3, 4]), torch.tensor([7, 4]), 8)
     )
     for slot, (prompt, hidden) in enumerate(zip(prompts, result.hidden)):
         with torch.no_grad():
@@ -205,13 +205,13 @@ def test_shared_prompt_decode_equals_per_sequence_copies(qwen3: Any, of_row: lis
     shared_cache = torch.zeros(spec.num_layers, 2, len(prompts), spec.num_kv_heads, 16, spec.head_dim)
     for slot, kv in enumerate(kvs):
         shared_cache[:, :, slot, :, : kv.shape[3]] = kv
-    shared = sampler_model.SharedPrompts(shared_cache, lengths, torch.tensor(of_row))
+    shared = sampler_decode.SharedPrompts(shared_cache, lengths, torch.tensor(of_row))
     own = torch.zeros(spec.num_layers, 2, len(of_row), spec.num_kv_heads, 8, spec.head_dim)
     positions = lengths[of_row].clone()
     for step in range(3):
         tokens = torch.tensor([7 + 13 * row + step for row in range(len(of_row))])
-        expected = sampler_model.decode(weights, copies, tokens, positions, int(positions.max()) + 1)
-        got = sampler_model.decode(weights, own, tokens, positions, step + 1, shared)
+        expected = sampler_decode.decode(weights, copies, tokens, positions, int(positions.max()) + 1)
+        got = sampler_decode.decode(weights, own, tokens, positions, step + 1, shared)
         torch.testing.assert_close(got, expected, atol=1e-5 * float(expected.abs().max()), rtol=0)
         positions += 1
 

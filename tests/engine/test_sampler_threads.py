@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tinker_cookbook.engine import sampler_model, threads
+from tinker_cookbook.engine import sampler_decode, threads
 from tinker_cookbook.engine.sampler import SamplerEngine, SamplingWeights
 from tinker_cookbook.engine.threads import LocalThreads
 from tinker_cookbook.tinker import types
@@ -120,14 +120,14 @@ def test_decode_steps_keep_other_threads_counts(
     state = {k: v.to(device) for k, v in model.state_dict().items()}
     weights = SamplingWeights.build(model.config, state, None, None, torch.float32)
     during: list[dict[str, int]] = []
-    decode = sampler_model.decode
+    decode = sampler_decode.decode
 
     def spying_decode(*args: Any, **kwargs: Any) -> torch.Tensor:
         if len(during) < 3:
             during.append({"worker": torch.get_num_threads(), "new": _count_on_new_thread()})
         return decode(*args, **kwargs)
 
-    monkeypatch.setattr(sampler_model, "decode", spying_decode)
+    monkeypatch.setattr(sampler_decode, "decode", spying_decode)
     with SamplerEngine() as engine:
         params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=0)
         response = engine.submit(weights, None, types.ModelInput.from_ints([1, 2, 3, 4]), 1, params).result(60)

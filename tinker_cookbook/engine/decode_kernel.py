@@ -31,7 +31,8 @@ from tinker_cookbook.base.assets import cache_dir
 from tinker_cookbook.tinker.errors import BadRequestError
 
 if TYPE_CHECKING:
-    from tinker_cookbook.engine.sampler_model import DecoderWeights, SharedPrompts
+    from tinker_cookbook.engine.sampler_decode import SharedPrompts
+    from tinker_cookbook.engine.sampler_model import DecoderWeights
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ def decode(
     shared: SharedPrompts | None = None,
     rope_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``sampler_model.decode`` (same arguments and result) with the element-wise work in the compiled library;
+    """``sampler_decode.decode`` (same arguments and result) with the element-wise work in the compiled library;
     call only where ``usable`` and ``accepts`` hold."""
     lib = library()
     assert lib is not None

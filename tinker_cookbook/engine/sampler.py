@@ -57,7 +57,7 @@ from typing import Any, Self
 import torch
 import transformers
 
-from tinker_cookbook.engine import sampler_lora, sampler_model, vision
+from tinker_cookbook.engine import sampler_decode, sampler_lora, sampler_model, vision
 from tinker_cookbook.engine.exit_hooks import CloseAtExit
 from tinker_cookbook.engine.sampler_batch import (
     KVPool,
@@ -608,7 +608,7 @@ class SamplerEngine:
         batch.pool.ensure(len(active), attend, used_slots=len(active), used_length=attend - 1)
         try:
             device = decoder.device
-            hidden = sampler_model.decode(
+            hidden = sampler_decode.decode(
                 decoder,
                 batch.pool.cache,  # type: ignore[arg-type]
                 torch.tensor([s.tokens[-1] for s in active], device=device),
