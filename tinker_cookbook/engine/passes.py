@@ -55,6 +55,21 @@ def length_groups(lengths: list[int], max_tokens: int = GROUP_MAX_TOKENS) -> lis
     return groups
 
 
+def largest_first(groups: list[list[int]], lengths: list[int]) -> list[list[int]]:
+    """``groups`` (of indices into ``lengths``), the largest padded size first (stable among equal sizes): the order
+    a training pass runs its groups in.
+
+    The heap a pass allocates from keeps what it once held (the engine's malloc settings keep freed memory for
+    reuse), so a step's peak RSS is the high-water mark of its largest group plus whatever lay above it. Run
+    smallest first, each larger group lays its activations out around what the earlier ones left behind (the
+    gradients first created in their backward, their outputs) and raises the mark again, and the largest one runs
+    with the gradients already allocated; run first, it sets the mark once and the smaller groups fit under it.
+    Measured on SmolLM2-135M with a mixed pass (4 clients x 4 rows of 64-512 tokens, ``multi_client``): peak RSS
+    4.72 -> 4.16 GiB, the largest group's peak of live bytes 3.31 -> 2.95 GB.
+    """
+    return sorted(groups, key=lambda group: -len(group) * max(lengths[i] for i in group))
+
+
 def largest_group_tokens(lengths: list[int]) -> int:
     """The padded size (rows x longest row) of the largest group ``length_groups(lengths)`` makes."""
     return max(len(group) * max(lengths[i] for i in group) for group in length_groups(lengths))

@@ -402,7 +402,8 @@ class TrainingSession:
         layers = lora_layers(self.base)
         fused = not any(item.images for item in batch) and multi_lora.supports(layers, [self.run_id])
         with multi_lora.one_adapter(layers, self.run_id, self.params) if fused else contextlib.nullcontext():
-            for group in passes.length_groups([len(item.input_ids) for item in batch]):
+            lengths = [len(item.input_ids) for item in batch]
+            for group in passes.largest_first(passes.length_groups(lengths), lengths):
                 group_losses = [token_losses[i] for i in group] if token_losses is not None else None
                 with fast_fp32_matmuls(self.base.device):
                     group_logps, group_totals = self._run_group(model, [batch[i] for i in group], group_losses)
