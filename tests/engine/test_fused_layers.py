@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tinker_cookbook.engine import device as device_module
 from tinker_cookbook.engine import fused_layers, training
 from tinker_cookbook.engine.models import get_model_spec, load_model
 from tinker_cookbook.engine.training import BaseModel, TrainingSession
@@ -92,9 +93,12 @@ def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allo
 
 
 @pytest.mark.parametrize("masked", [False, True])
-def test_attention_matches_float64(threads: int, masked: bool) -> None:
-    """Causal (several query blocks) and boolean-masked (a shared prefix's shape: fewer queries than keys) grouped-
-    query attention, output and q/k/v gradients, against float64.
+@pytest.mark.parametrize(("batch", "n"), [(2, 300), (5, 100)])
+def test_attention_matches_float64(threads: int, masked: bool, batch: int, n: int,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Causal and boolean-masked (a shared prefix's shape: fewer queries than keys) grouped-query attention, output
+    and q/k/v gradients, against float64: long rows in several query blocks, one row at a time, and short rows
+    batched several at a time (5 rows of 100: chunks of 3 and 2 rows causal, 2, 2 and 1 masked).
 
     Rounding per output element: the scores are d-term sums (γ_d), exp and the softmax's m-term normalising sum
     (γ_m), then an m-term sum against V; an error ε in a score moves the output by ≤ ε·Σ_j P_j·|V_j - O|. So the
@@ -102,8 +106,9 @@ def test_attention_matches_float64(threads: int, masked: bool) -> None:
     P_j·|V_j| (max|s| the largest score magnitude, covering the relative error of exp) for the output, and the
     same factor times the matching products of magnitudes for the gradients.
     """
+    monkeypatch.setattr(fused_layers, "MIN_QUERIES", 1)  # the fused function at every length, whatever the BLAS
     generator = torch.Generator().manual_seed(2)
-    batch, heads, kv_heads, n, d = 2, 6, 2, 300, 16
+    heads, kv_heads, d = 6, 2, 16
     m = n + 40 if masked else n
     q = torch.randn(batch, n, heads, d, generator=generator).transpose(1, 2).requires_grad_(True)
     k = torch.randn(batch, m, kv_heads, d, generator=generator).transpose(1, 2).requires_grad_(True)
@@ -111,9 +116,11 @@ def test_attention_matches_float64(threads: int, masked: bool) -> None:
     upstream = torch.randn(batch, n, heads, d, generator=generator)
     scale = d**-0.5
     allowed = torch.arange(m)[None, :] <= torch.arange(n)[:, None] + (m - n)
-    mask = allowed.expand(batch, 1, n, m) if masked else None
+    # One mask per row for the long rows, one broadcast over all rows for the short ones (both occur).
+    mask = allowed.expand(batch if n > 128 else 1, 1, n, m) if masked else None
     module = torch.nn.Module()
     out, _ = fused_layers.attention(module, q, k, v, mask, scaling=scale)
+    assert type(out.grad_fn).__name__ == "_AttentionFunctionBackward"
     out.backward(upstream)
     assert q.grad is not None and k.grad is not None and v.grad is not None
 
@@ -150,13 +157,29 @@ def test_attention_falls_back_where_it_does_not_apply() -> None:
 
 
 def test_short_attention_passes_keep_sdpa() -> None:
-    """Below ``MIN_QUERIES`` queries the pass is SDPA's own (bit for bit), where the fused loop would be slower."""
+    """Below ``MIN_QUERIES`` queries, with fp32 matmuls on torch's BLAS, the pass is SDPA's own (bit for bit), where
+    the fused loop would be slower."""
     generator = torch.Generator().manual_seed(5)
     n = fused_layers.MIN_QUERIES - 1
     q, k, v = (torch.randn(1, 2, n, 8, generator=generator) for _ in range(3))
     out, _ = fused_layers.attention(torch.nn.Module(), q, k, v, None, scaling=0.3)
     expected = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3).transpose(1, 2)
     assert torch.equal(out, expected)
+
+
+def test_short_attention_passes_are_fused_under_onednn_fp32_matmuls() -> None:
+    """Inside ``fast_fp32_matmuls`` (every training pass where oneDNN's fp32 kernels are exact) SDPA's kernel is
+    slower than the fused function at every length, so a short pass is fused too."""
+    if not device_module._onednn_fp32_is_exact():
+        pytest.skip("oneDNN's fp32 matmuls are not exact on this CPU: training keeps torch's BLAS")
+    generator = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(3, 2, 20, 8, generator=generator).requires_grad_(True) for _ in range(3))
+    with device_module.fast_fp32_matmuls(torch.device("cpu")):
+        out, _ = fused_layers.attention(torch.nn.Module(), q, k, v, None, scaling=0.3)
+    assert type(out.grad_fn).__name__ == "_AttentionFunctionBackward"
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3).transpose(1, 2)
+    # Same function: fp32 rounding of 20-term sums of products of magnitude ~1 (see the float64 test's bound).
+    assert float((out - expected).abs().max()) < 1e-5
 
 
 def _session(model: str, fused: bool, monkeypatch: pytest.MonkeyPatch) -> TrainingSession:

@@ -40,10 +40,12 @@ QUERY_BLOCK = 128
 """Queries per attention block: one block's scores (``heads x QUERY_BLOCK x keys`` fp32) stay in the L2/L3 cache at
 the sequence lengths training sees, and causal blocks skip the keys after their last query."""
 MIN_QUERIES = 256
-"""Shorter passes keep SDPA: the per-row, per-block loop beat torch's CPU kernel (forward + backward, head size 64)
-from about 256 queries per row (0.76-0.79x its time at 512, 0.91-1.0x at 256, 0.93-1.05x at 1024, one and two
-threads) and lost below (1.05-1.5x at 64-128), where RL's short rows and shared-prefix passes sit (``rl_basic``
-iterations were 0.87x as fast with every pass fused)."""
+"""Outside ``device.fast_fp32_matmuls`` (torch's BLAS for fp32), shorter passes keep SDPA: there the fused loop
+beat torch's CPU kernel (forward + backward, head size 64) from about 256 queries per row (0.76-0.79x its time at
+512, 0.91-1.0x at 256) and lost below (1.05-1.5x at 64-128, and at RL's shared-prefix shapes). Inside it (every
+training pass where oneDNN's fp32 kernels are exact) SDPA's kernel runs 2-8x slower than there, and the fused
+loop, which batches short rows together, took 0.13-0.65x SDPA's time at every shape measured (8 rows of 40
+tokens to 512 tokens; 8-16 rows of 30-60 tokens after a 100-200 token shared prefix): fused at any length."""
 NORM_CLASSES = ("LlamaRMSNorm", "Qwen3RMSNorm")
 MLP_CLASSES = ("LlamaMLP", "Qwen3MLP")
 """The HF classes whose forward these functions reproduce (checked by tests/engine/test_fused_layers.py)."""
@@ -123,32 +125,50 @@ def _is_silu(act: Any) -> bool:
 # -- attention ---------------------------------------------------------------------------------------------
 
 
+ROWS_SCORES = 2 * QUERY_BLOCK * QUERY_BLOCK
+"""Query x key entries per head that one block of several short batch rows may hold: rows are batched together
+until their block's scores reach this size (one row at a time from ~256 tokens), so that short rows still make
+matmuls large enough to run near the peak rather than one small product per row."""
+
+
 def _blocks(q_len: int) -> list[tuple[int, int]]:
-    return [(start, min(start + QUERY_BLOCK, q_len)) for start in range(0, q_len, QUERY_BLOCK)]
+    """Query blocks of at most ``QUERY_BLOCK`` and of equal size (to one query): no small tail block."""
+    count = -(-q_len // QUERY_BLOCK)
+    size = -(-q_len // count)
+    return [(start, min(start + size, q_len)) for start in range(0, q_len, size)]
 
 
-def _probabilities(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, row: int, start: int, end: int,
+def _row_chunks(batch: int, q_len: int, k_len: int) -> list[tuple[int, int]]:
+    rows = max(1, ROWS_SCORES // (min(q_len, QUERY_BLOCK) * k_len))
+    return [(start, min(start + rows, batch)) for start in range(0, batch, rows)]
+
+
+def _per_head(x: torch.Tensor, group: int) -> torch.Tensor:
+    """Rows ``[r, kv_heads, m, d]`` of keys or values for every query head, ``[r·heads, m, d]`` contiguous."""
+    rows, kv_heads = x.shape[:2]
+    out = x.new_empty(rows, kv_heads, group, *x.shape[2:])
+    out.copy_(x.unsqueeze(2).expand_as(out))
+    return out.view(rows * kv_heads * group, *x.shape[2:])
+
+
+def _probabilities(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, rows: int, start: int, end: int,
                    causal: torch.Tensor) -> torch.Tensor:
-    """One block's softmax(q kᵀ) (``q`` pre-scaled), ``[heads, end - start, keys]``, over the keys each query sees.
+    """One block's softmax(q kᵀ) (``q [r·h, n, d]`` pre-scaled, ``k [r·h, m, d]``), ``[r·h, end - start, keys]``,
+    over the keys each query sees.
 
     ``mask`` None: causal, the block ``[start, end)`` of equally many queries and keys sees keys ``< end``, and only
     its diagonal square needs masking (``causal``: -inf above the diagonal, added by the matmul); else the boolean
-    mask's rows (True: masked out).
+    mask's ``[r or 1, 1, n, m]`` rows (True: masked out), the same for every head of a row.
     """
+    size = end - start
     if mask is None:
-        size = end - start
         bias = q.new_zeros(size, end)
         bias[:, start:] = causal[:size, :size]
         scores = torch.baddbmm(bias, q[:, start:end], k[:, :end].transpose(1, 2))
     else:
         scores = torch.bmm(q[:, start:end], k.transpose(1, 2))
-        scores.masked_fill_(mask[row if mask.shape[0] > 1 else 0, 0, start:end], -math.inf)
+        scores.view(rows, -1, size, k.shape[1]).masked_fill_(mask[:, :, start:end], -math.inf)
     return torch.softmax(scores, dim=-1)
-
-
-def _per_head(x: torch.Tensor, group: int) -> torch.Tensor:
-    """A row's ``[kv_heads, n, d]`` keys or values for every query head, ``[heads, n, d]`` contiguous."""
-    return x.repeat_interleave(group, dim=0) if group > 1 else x.contiguous()
 
 
 class _AttentionFunction(torch.autograd.Function):
@@ -156,23 +176,28 @@ class _AttentionFunction(torch.autograd.Function):
     a boolean mask ``[b or 1, 1, n, m]`` (True: attend), scaled by ``scale``.
 
     Returns ``[b, n, h, d]`` (the layout the output projection reads). Saves q, k, v and the output; the backward
-    recomputes each block's probabilities. Per batch row, the keys and values are repeated for the query heads of
-    their group (transient, one row's worth) so that every product is one batched matmul over the heads.
+    recomputes each block's probabilities. Per chunk of batch rows (``_row_chunks``), the keys and values are
+    repeated for the query heads of their group and laid out for the products (transient, one chunk's worth), so
+    that every product is one batched matmul over rows and heads on contiguous operands.
     """
 
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # type: ignore[override]
                 mask: torch.Tensor | None, scale: float) -> torch.Tensor:
         batch, heads, q_len, _ = q.shape
-        group = heads // k.shape[1]
+        k_len, group = k.shape[2], heads // k.shape[1]
         scaled = torch.empty(q.shape, dtype=q.dtype, device=q.device).copy_(q).mul_(scale)
         causal = _upper_triangle(q.device)
         out = q.new_empty(batch, q_len, heads, v.shape[-1])
-        for row in range(batch):
-            k_row, v_row = _per_head(k[row], group), _per_head(v[row], group)
+        for first, last in _row_chunks(batch, q_len, k_len):
+            rows = last - first
+            q_rows = scaled[first:last].view(rows * heads, q_len, -1)
+            k_rows, v_rows = _per_head(k[first:last], group), _per_head(v[first:last], group)
+            row_mask = None if mask is None else mask[first:last] if mask.shape[0] > 1 else mask
             for start, end in _blocks(q_len):
-                probs = _probabilities(scaled[row], k_row, mask, row, start, end, causal)
-                out[row, start:end] = torch.bmm(probs, v_row[:, : probs.shape[-1]]).transpose(0, 1)
+                probs = _probabilities(q_rows, k_rows, row_mask, rows, start, end, causal)
+                block = torch.bmm(probs, v_rows[:, : probs.shape[-1]])
+                out[first:last, start:end] = block.view(rows, heads, end - start, -1).transpose(1, 2)
         ctx.save_for_backward(scaled, k, v, out, mask)
         ctx.scale = scale
         return out
@@ -185,25 +210,29 @@ class _AttentionFunction(torch.autograd.Function):
         group = heads // kv_heads
         causal = _upper_triangle(scaled.device)
         dq = torch.empty_like(scaled)
-        dk = k.new_empty(batch, kv_heads, k_len, k.shape[-1])
-        dv = v.new_empty(batch, kv_heads, k_len, v.shape[-1])
-        for row in range(batch):
-            k_row, v_row = _per_head(k[row], group), _per_head(v[row], group)
-            d_out = grad[row].transpose(0, 1).contiguous()  # [h, n, d]
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        for first, last in _row_chunks(batch, q_len, k_len):
+            rows = last - first
+            q_rows = scaled[first:last].view(rows * heads, q_len, -1)
+            dq_rows = dq[first:last].view(rows * heads, q_len, -1)
+            k_rows, v_rows = _per_head(k[first:last], group), _per_head(v[first:last], group)
+            row_mask = None if mask is None else mask[first:last] if mask.shape[0] > 1 else mask
+            d_out = grad[first:last].transpose(1, 2).reshape(rows * heads, q_len, -1)  # [r·h, n, d]
             # Σ_j P_ij dP_ij = <dO_i, O_i>: the softmax backward's row term, per head and query.
-            row_terms = torch.linalg.vecdot(d_out, out[row].transpose(0, 1)).unsqueeze(-1)  # [h, n, 1]
-            dk_row, dv_row = torch.zeros_like(k_row), torch.zeros_like(v_row)
+            o_rows = out[first:last].transpose(1, 2).reshape(rows * heads, q_len, -1)
+            row_terms = torch.linalg.vecdot(d_out, o_rows).unsqueeze(-1)  # [r·h, n, 1]
+            dk_rows, dv_rows = torch.zeros_like(k_rows), k_rows.new_zeros(rows * heads, k_len, v.shape[-1])
             for start, end in _blocks(q_len):
-                probs = _probabilities(scaled[row], k_row, mask, row, start, end, causal)
+                probs = _probabilities(q_rows, k_rows, row_mask, rows, start, end, causal)
                 keys = probs.shape[-1]
-                dv_row[:, :keys] += torch.bmm(probs.transpose(1, 2), d_out[:, start:end])
-                d_scores = torch.bmm(d_out[:, start:end], v_row[:, :keys].transpose(1, 2))
+                dv_rows[:, :keys].baddbmm_(probs.transpose(1, 2), d_out[:, start:end])
+                d_scores = torch.bmm(d_out[:, start:end], v_rows[:, :keys].transpose(1, 2))
                 d_scores.sub_(row_terms[:, start:end]).mul_(probs)
-                dq[row, :, start:end] = torch.bmm(d_scores, k_row[:, :keys])
-                dk_row[:, :keys] += torch.bmm(d_scores.transpose(1, 2), scaled[row, :, start:end])
+                dq_rows[:, start:end] = torch.bmm(d_scores, k_rows[:, :keys])
+                dk_rows[:, :keys].baddbmm_(d_scores.transpose(1, 2), q_rows[:, start:end])
             # The query heads of a group share one key/value head: their gradients add up.
-            dk[row] = dk_row.view(kv_heads, group, k_len, -1).sum(1) if group > 1 else dk_row
-            dv[row] = dv_row.view(kv_heads, group, k_len, -1).sum(1) if group > 1 else dv_row
+            dk[first:last] = dk_rows.view(rows, kv_heads, group, k_len, -1).sum(2)
+            dv[first:last] = dv_rows.view(rows, kv_heads, group, k_len, -1).sum(2)
         return dq.mul_(ctx.scale), dk, dv, None, None
 
 
@@ -232,12 +261,17 @@ def _usable_mask(mask: torch.Tensor, q_len: int, k_len: int) -> bool:
             and bool(mask.any(-1).all()))
 
 
+def _onednn_fp32_matmuls() -> bool:
+    """Whether fp32 matmuls go to oneDNN now (inside ``device.fast_fp32_matmuls``), where SDPA's kernel is slow."""
+    return torch.backends.mkldnn.matmul.fp32_precision != "none"  # type: ignore[attr-defined]  # not in the stubs
+
+
 def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
               **kwargs: Any) -> tuple[torch.Tensor, None]:
     """A transformers attention implementation: ``_AttentionFunction`` where it computes what SDPA would (a causal
-    pass without a mask, or a boolean mask; at least ``MIN_QUERIES`` queries; fp32 CPU tensors; no dropout, softcap,
-    sliding window or bias), else
+    pass without a mask, or a boolean mask; fp32 CPU tensors; no dropout, softcap, sliding window or bias; at least
+    ``MIN_QUERIES`` queries unless oneDNN's fp32 matmuls are on), else
     transformers' SDPA path itself. Masks come from transformers' SDPA mask function (registered alongside)."""
     q_len, k_len = query.shape[2], key.shape[2]
     plain = (
@@ -249,7 +283,7 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
         and query.shape[1] % key.shape[1] == 0 and key.shape[-1] == query.shape[-1]
         # SDPA without a mask crops longer keys to the queries (top-left causal); a mask is explicit.
         and (q_len == k_len if attention_mask is None else _usable_mask(attention_mask, q_len, k_len))
-        and q_len >= MIN_QUERIES
+        and (q_len >= MIN_QUERIES or _onednn_fp32_matmuls())
     )
     if not plain:
         return _fallback(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
