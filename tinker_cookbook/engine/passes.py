@@ -115,32 +115,32 @@ def chunk_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.T
     """Logprobs of ``targets`` (shape [s], or [s, k] for k candidates per position), shaped like ``targets``."""
     logits = head(hidden).float()
     index = targets if targets.dim() == 2 else targets[:, None]
-    logp = TargetLogprobs.apply(logits, index, True)  # the logits are this call's own: the backward may reuse them
+    logp = TargetLogprobs.apply(logits, index, True)  # a single backward: it may reuse the saved buffer
     return logp if targets.dim() == 2 else logp.squeeze(-1)
 
 
 class TargetLogprobs(torch.autograd.Function):
-    """``logits.gather(-1, index) - logsumexp(logits)``, with a backward that makes one vocabulary-wide tensor.
+    """``log_softmax(logits).gather(-1, index)``, with a backward that makes no new vocabulary-wide tensor.
 
-    Autograd of the two ops would allocate and sweep several [tokens, vocab] tensors (the softmax, its product
-    with the gradient, a zero-filled scatter target, their sum); here the gradient
-    ``scatter(g) - softmax · sum(g)`` is built in one buffer, in place (the same gradient, to fp32 rounding): with
-    ``consume`` the saved logits' own.
+    The forward is torch's fused log-softmax kernel (one sweep for the maximum, one for the sum of exponentials,
+    one writing ``x - max - log(sum)``): ``logits.gather - logsumexp(logits)`` sweeps more (logsumexp writes
+    ``x - max`` and then its exponential into a temporary of the logits' size) and took twice as long on a
+    [256, 49152] chunk. The backward ``scatter(g) - softmax · sum(g)`` (the gradient of autograd's ops, to fp32
+    rounding) is built in the saved log-softmax's own buffer, in place (``exp_``), with ``consume``; else in a new
+    one (a second backward through a retained graph then still sees the log-softmax).
     """
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, index: torch.Tensor,  # type: ignore[override]
                 consume: bool = False) -> torch.Tensor:
         ctx.consume = consume
-        lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-        ctx.save_for_backward(logits, index, lse)
-        return logits.gather(-1, index) - lse
+        logp = torch.log_softmax(logits, dim=-1)
+        ctx.save_for_backward(logp, index)
+        return logp.gather(-1, index)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
-        logits, index, lse = ctx.saved_tensors
-        # ``consume``: the caller made the logits for this call alone, so the gradient is built in their buffer
-        # (no new vocabulary-wide tensor per chunk); else in a new one.
-        out = (logits.sub_(lse) if ctx.consume else torch.sub(logits, lse)).exp_()
+        logp, index = ctx.saved_tensors
+        out = logp.exp_() if ctx.consume else torch.exp(logp)  # the softmax
         out.mul_(grad.sum(dim=-1, keepdim=True).neg_())
         return out.scatter_add_(-1, index, grad), None, None
