@@ -82,6 +82,44 @@ def test_silu_mul_matches_float64(threads: int) -> None:
     assert _within(gate.grad, g64.grad, unit * gate_scale + 1e-30)
 
 
+def test_rotary_matches_float64(threads: int) -> None:
+    """The rotation of q and k (HF's ``apply_rotary_pos_emb``, run in float64 as the reference) and its gradient.
+
+    Each output element is ``x_i·c_i ± x_j·s_i``: two products and a sum, three roundings, and so is each gradient
+    element (``g_i·c_i ∓ g_j·s_j``); 4·u relative to the magnitudes of the two terms bounds both.
+    """
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    generator = torch.Generator().manual_seed(7)
+    batch, n, d = 2, 33, 16
+    # HF's layout: projections [b, n, heads, d] seen as [b, heads, n, d].
+    q = torch.randn(batch, n, 6, d, generator=generator).transpose(1, 2).requires_grad_(True)
+    k = torch.randn(batch, n, 2, d, generator=generator).transpose(1, 2).requires_grad_(True)
+    angles = torch.arange(n, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(0, d, 2) / d)
+    angles = torch.cat([angles, angles], -1).expand(batch, n, d)
+    cos, sin = angles.cos().float(), angles.sin().float()
+    up_q, up_k = torch.randn(q.shape, generator=generator), torch.randn(k.shape, generator=generator)
+    out_q, out_k = fused_layers.rotary(q, k, cos, sin)
+    (out_q * up_q).sum().add((out_k * up_k).sum()).backward()
+    assert q.grad is not None and k.grad is not None
+
+    q64, k64 = q.detach().double().requires_grad_(True), k.detach().double().requires_grad_(True)
+    ref_q, ref_k = apply_rotary_pos_emb(q64, k64, cos.double(), sin.double())
+    (ref_q * up_q.double()).sum().add((ref_k * up_k.double()).sum()).backward()
+    assert q64.grad is not None and k64.grad is not None
+
+    def swap(x: torch.Tensor) -> torch.Tensor:  # the partner element of each: the other half
+        return torch.cat([x[..., d // 2:], x[..., : d // 2]], -1)
+
+    c, s_ = cos.double().abs().unsqueeze(1), sin.double().abs().unsqueeze(1)
+    unit = 4 * FP32_UNIT
+    for out, ref, x, up, grad, ref_grad in ((out_q, ref_q, q64, up_q, q.grad, q64.grad),
+                                            (out_k, ref_k, k64, up_k, k.grad, k64.grad)):
+        x_abs, up_abs = x.detach().abs(), up.double().abs()
+        assert _within(out.detach(), ref.detach(), unit * (x_abs * c + swap(x_abs) * s_) + 1e-30)
+        assert _within(grad, ref_grad, unit * (up_abs * c + swap(up_abs * s_)) + 1e-30)
+
+
 def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
                          scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 attention [b, n, h, d] and its probabilities, the key/value heads repeated for their query heads."""
@@ -233,6 +271,29 @@ def test_lora_step_through_fused_layers_equals_the_hf_path(device: str, model: s
     after = [_logprobs(s.forward(data, "cross_entropy", None, backward=False)) for s in (hf, fused)]
     assert float((after[0] - after[1]).abs().max()) < 1e-4
     assert float((after[0] - _logprobs(outputs[0])).abs().max()) > 1e-3  # the step changed the model
+
+
+@pytest.mark.parametrize("model_name", ["tinker-cookbook/tiny-smollm2", "tinker-cookbook/tiny-qwen3"])
+def test_install_routes_every_layer_through_the_fused_functions(model_name: str, monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    """The whole-step comparison above cannot tell a fused function from the HF path it replaces (same values):
+    here each one must run, once per decoder layer (the rotation and attention) or per norm and MLP."""
+    model = load_model(model_name, torch.float32)
+    fused_layers.install(model)
+    calls: dict[str, int] = {}
+    for name in ("rotary", "rms_norm", "silu_mul"):
+        original = getattr(fused_layers, name)
+
+        def spy(*args: object, _name: str = name, _original: object = original) -> object:
+            calls[_name] = calls.get(_name, 0) + 1
+            return _original(*args)  # type: ignore[operator]
+
+        monkeypatch.setattr(fused_layers, name, spy)
+    layers = model.config.num_hidden_layers
+    norms = sum(1 for m in model.modules() if type(m).__name__ in fused_layers.NORM_CLASSES)
+    with torch.no_grad():
+        model(input_ids=torch.arange(10, 30)[None], use_cache=False)
+    assert calls == {"rotary": layers, "rms_norm": norms, "silu_mul": layers}
 
 
 def test_uninstall_restores_the_hf_modules() -> None:

@@ -1,4 +1,4 @@
-"""Faster CPU versions of a decoder's element-wise layers and attention, for the training forward and backward.
+"""Faster CPU versions of a decoder's element-wise layers, rotary embedding and attention, for training.
 
 The Hugging Face modules compute RMSNorm, the MLP's ``silu(gate) * up`` and attention from many small ops that
 autograd records one by one: each op sweeps a full activation tensor and saves what its backward needs. On a CPU
@@ -10,14 +10,19 @@ hand in a few fused ops:
   fp32 upcast, the squared input and the normalised product as well). The norm's weight is frozen: no gradient.
 - ``silu(gate) * up``: saves ``gate`` and ``up`` (autograd also keeps ``silu(gate)``); the backward recomputes the
   sigmoid.
-- attention: causal attention computed per batch row and per block of queries with batched matmuls whose
-  temporaries (one block's scores, all heads) stay in the CPU's caches; the keys a causal block cannot see are
-  skipped, each key/value head is repeated for its query heads one batch row at a time (transient), and the
-  backward recomputes the probabilities (nothing of size queries x keys is saved, as with torch's flash kernel). It replaces torch's CPU
-  flash-attention kernel, which at these head sizes (64) runs several times below the matmul peak.
+- the rotary embedding: q and k rotated in one node that saves only ``cos`` and ``sin`` (HF's ``rotate_half``
+  concatenates a negated half, and autograd keeps the products and zero-fills full-size slices in the backward);
+  the backward is the rotation by the opposite angle. It runs in the attention module's forward (``ATTENTION_CLASSES``:
+  projections, rotation, cache, attention implementation, output projection, as HF's).
+- attention: causal attention computed per chunk of batch rows (one row from ~256 tokens, several shorter ones
+  together) and per block of queries with batched matmuls whose temporaries (one block's scores, all heads) stay
+  in the CPU's caches; the keys a causal block cannot see are skipped, each key/value head is repeated for its
+  query heads one chunk at a time (transient), and the backward recomputes the probabilities (nothing of size
+  queries x keys is saved, as with torch's flash kernel). It replaces torch's CPU flash-attention kernel, which at
+  these head sizes (64) runs several times below the matmul peak.
 
 Every replacement computes the same function as the module it replaces, to fp32 rounding (only the order of sums
-differs). ``install`` applies them to a model's modules in place (a per-instance ``forward`` and the attention
+differs). ``install`` applies them to a model's modules in place (per-instance ``forward`` methods and the attention
 implementation registered with transformers under ``ATTENTION_NAME``); ``uninstall`` restores the HF path. Where a
 module does not match what these functions compute (a norm or MLP class not listed here, another activation, a
 non-fp32 tensor, an attention mask that is not causal or boolean, a sliding window, dropout, a vision-language
@@ -28,6 +33,7 @@ RMSNorms over the head dimension and take the fused one like the others.
 from __future__ import annotations
 
 import math
+import sys
 import types
 from typing import Any
 
@@ -48,6 +54,7 @@ loop, which batches short rows together, took 0.13-0.65x SDPA's time at every sh
 tokens to 512 tokens; 8-16 rows of 30-60 tokens after a 100-200 token shared prefix): fused at any length."""
 NORM_CLASSES = ("LlamaRMSNorm", "Qwen3RMSNorm")
 MLP_CLASSES = ("LlamaMLP", "Qwen3MLP")
+ATTENTION_CLASSES = ("LlamaAttention", "Qwen3Attention")
 """The HF classes whose forward these functions reproduce (checked by tests/engine/test_fused_layers.py)."""
 
 _saved_forward = "_tinker_fused_forward"
@@ -301,6 +308,89 @@ def _register_attention() -> None:
     AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
 
 
+# -- the rotary embedding ----------------------------------------------------------------------------------
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) -> torch.Tensor:
+    """``x·cos + sign·rotate_half(x)·sin``, ``rotate_half(x) = (-x₂, x₁)`` (x₁, x₂ the two halves of the last
+    dimension), in one product and two in-place multiply-adds on the halves."""
+    half = x.shape[-1] // 2
+    out = x * cos
+    out[..., :half].addcmul_(x[..., half:], sin[..., :half], value=-sign)
+    out[..., half:].addcmul_(x[..., :half], sin[..., half:], value=sign)
+    return out
+
+
+class _RotaryFunction(torch.autograd.Function):
+    """HF's ``apply_rotary_pos_emb`` of ``q [b, h, n, d]`` and ``k [b, kv_h, n, d]`` by ``cos, sin [b, n, d]``.
+
+    ``y = x·cos + rotate_half(x)·sin`` with ``rotate_half(x) = (-x₂, x₁)``: per half, y₁ = x₁c₁ - x₂s₁ and
+    y₂ = x₂c₂ + x₁s₂, so dx₁ = g₁c₁ + g₂s₂ and dx₂ = g₂c₂ - g₁s₁, the same form with ``-sin``: the backward is
+    the rotation by the opposite angle. Saves only ``cos`` and ``sin`` (HF's autograd keeps products, a concatenation
+    and slices, and its backward zero-fills and copies full-size slices).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,  # type: ignore[override]
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        ctx.save_for_backward(cos, sin)
+        return _rotate(q, cos, sin, 1.0), _rotate(k, cos, sin, 1.0)
+
+    @staticmethod
+    def backward(ctx: Any, grad_q: torch.Tensor, grad_k: torch.Tensor  # type: ignore[override]
+                 ) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+        cos, sin = ctx.saved_tensors
+        return _rotate(grad_q, cos, sin, -1.0), _rotate(grad_k, cos, sin, -1.0), None, None
+
+
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's ``apply_rotary_pos_emb(q, k, cos, sin)`` (``q, k [b, heads, n, d]``, ``cos, sin [b, n, d]``) in one
+    autograd node."""
+    return _RotaryFunction.apply(q, k, cos, sin)
+
+
+def _attention_forward(self: Any, hidden_states: torch.Tensor,
+                       position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+                       attention_mask: torch.Tensor | None = None, cache: Any = None,
+                       **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """The forward of HF's Llama/Qwen3 attention module with ``rotary`` for ``apply_rotary_pos_emb``: projections
+    (Qwen3: each head's query and key RMS-normed first), rotation, cache update, the configured attention
+    implementation, output projection. Anything else (another dtype, the deprecated ``past_key_values``) takes the
+    module's own forward."""
+    plain = (position_embeddings is not None and hidden_states.dtype == torch.float32
+             and all(t.dtype == torch.float32 and t.dim() == 3 and t.shape[-1] == self.head_dim
+                     for t in position_embeddings)
+             and self.head_dim % 2 == 0 and "past_key_values" not in kwargs)
+    if not plain:
+        return getattr(self, _saved_forward)(hidden_states, position_embeddings=position_embeddings,
+                                             attention_mask=attention_mask, cache=cache, **kwargs)
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+    query, key = self.q_proj(hidden_states).view(shape), self.k_proj(hidden_states).view(shape)
+    if getattr(self, "q_norm", None) is not None:
+        query, key = self.q_norm(query), self.k_norm(key)
+    value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+    query, key = rotary(query.transpose(1, 2), key.transpose(1, 2), *position_embeddings)
+    if cache is not None:
+        key, value = cache.update(key, value, self.layer_idx, kwargs=kwargs)
+    eager = sys.modules[type(self).__module__].eager_attention_forward
+    interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager)
+    if hasattr(self, "sliding_window"):  # Qwen3 passes its layer's window (None: full attention)
+        kwargs = {**kwargs, "sliding_window": self.sliding_window}
+    out, weights = interface(self, query, key, value, attention_mask,
+                             dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling,
+                             **kwargs)
+    return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1).contiguous()), weights
+
+
+def _rope_is_plain(module: torch.nn.Module) -> bool:
+    """Whether ``module`` has what ``_attention_forward`` uses (the HF classes of ``ATTENTION_CLASSES`` do)."""
+    return all(hasattr(module, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling",
+                                                  "layer_idx", "attention_dropout", "config"))
+
+
 # -- installing --------------------------------------------------------------------------------------------
 
 
@@ -321,6 +411,9 @@ def install(model: torch.nn.Module) -> int:
             changed += 1
         elif name in MLP_CLASSES and _is_silu(getattr(module, "act_fn", None)):
             _patch(module, _mlp_forward)
+            changed += 1
+        elif name in ATTENTION_CLASSES and _rope_is_plain(module):
+            _patch(module, _attention_forward)
             changed += 1
     config: Any = getattr(model, "config", None)
     # Text decoders on transformers' SDPA only (what ``attention`` falls back to); a vision-language model keeps its
