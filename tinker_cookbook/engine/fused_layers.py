@@ -158,22 +158,22 @@ def _per_head(x: torch.Tensor, group: int) -> torch.Tensor:
     return out.view(rows * kv_heads * group, *x.shape[2:])
 
 
-def _probabilities(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, rows: int, start: int, end: int,
+def _probabilities(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, rows: int, start: int,
                    causal: torch.Tensor) -> torch.Tensor:
-    """One block's softmax(q kᵀ) (``q [r·h, n, d]`` pre-scaled, ``k [r·h, m, d]``), ``[r·h, end - start, keys]``,
-    over the keys each query sees.
+    """One block's softmax(q kᵀ) (``q [r·h, size, d]`` the pre-scaled queries ``[start, start + size)``, ``k [r·h,
+    m, d]``), ``[r·h, size, keys]``, over the keys each query sees.
 
-    ``mask`` None: causal, the block ``[start, end)`` of equally many queries and keys sees keys ``< end``, and only
-    its diagonal square needs masking (``causal``: -inf above the diagonal, added by the matmul); else the boolean
-    mask's ``[r or 1, 1, n, m]`` rows (True: masked out), the same for every head of a row.
+    ``mask`` None: causal, the block of equally many queries and keys sees keys ``< start + size``, and only its
+    diagonal square needs masking (``causal``: -inf above the diagonal, added there); else the boolean mask's
+    ``[r or 1, 1, n, m]`` rows (True: masked out), the same for every head of a row.
     """
-    size = end - start
+    size = q.shape[1]
+    end = start + size
     if mask is None:
-        bias = q.new_zeros(size, end)
-        bias[:, start:] = causal[:size, :size]
-        scores = torch.baddbmm(bias, q[:, start:end], k[:, :end].transpose(1, 2))
+        scores = torch.bmm(q, k[:, :end].transpose(1, 2))
+        scores[:, :, start:].add_(causal[:size, :size])
     else:
-        scores = torch.bmm(q[:, start:end], k.transpose(1, 2))
+        scores = torch.bmm(q, k.transpose(1, 2))
         scores.view(rows, -1, size, k.shape[1]).masked_fill_(mask[:, :, start:end], -math.inf)
     return torch.softmax(scores, dim=-1)
 
@@ -184,8 +184,9 @@ class _AttentionFunction(torch.autograd.Function):
 
     Returns ``[b, n, h, d]`` (the layout the output projection reads). Saves q, k, v and the output; the backward
     recomputes each block's probabilities. Per chunk of batch rows (``_row_chunks``), the keys and values are
-    repeated for the query heads of their group and laid out for the products (transient, one chunk's worth), so
-    that every product is one batched matmul over rows and heads on contiguous operands.
+    repeated for the query heads of their group (transient, one chunk's worth), so that every product is one
+    batched matmul over rows and heads; each query block's operands are made contiguous once (oneDNN's batched
+    matmul copies any other layout, at every use).
     """
 
     @staticmethod
@@ -202,7 +203,7 @@ class _AttentionFunction(torch.autograd.Function):
             k_rows, v_rows = _per_head(k[first:last], group), _per_head(v[first:last], group)
             row_mask = None if mask is None else mask[first:last] if mask.shape[0] > 1 else mask
             for start, end in _blocks(q_len):
-                probs = _probabilities(q_rows, k_rows, row_mask, rows, start, end, causal)
+                probs = _probabilities(q_rows[:, start:end].contiguous(), k_rows, row_mask, rows, start, causal)
                 block = torch.bmm(probs, v_rows[:, : probs.shape[-1]])
                 out[first:last, start:end] = block.view(rows, heads, end - start, -1).transpose(1, 2)
         ctx.save_for_backward(scaled, k, v, out, mask)
@@ -224,19 +225,21 @@ class _AttentionFunction(torch.autograd.Function):
             dq_rows = dq[first:last].view(rows * heads, q_len, -1)
             k_rows, v_rows = _per_head(k[first:last], group), _per_head(v[first:last], group)
             row_mask = None if mask is None else mask[first:last] if mask.shape[0] > 1 else mask
-            d_out = grad[first:last].transpose(1, 2).reshape(rows * heads, q_len, -1)  # [r·h, n, d]
-            # Σ_j P_ij dP_ij = <dO_i, O_i>: the softmax backward's row term, per head and query.
-            o_rows = out[first:last].transpose(1, 2).reshape(rows * heads, q_len, -1)
-            row_terms = torch.linalg.vecdot(d_out, o_rows).unsqueeze(-1)  # [r·h, n, 1]
             dk_rows, dv_rows = torch.zeros_like(k_rows), k_rows.new_zeros(rows * heads, k_len, v.shape[-1])
             for start, end in _blocks(q_len):
-                probs = _probabilities(q_rows, k_rows, row_mask, rows, start, end, causal)
+                size = end - start
+                q_block = q_rows[:, start:end].contiguous()
+                d_out = grad[first:last, start:end].transpose(1, 2).reshape(rows * heads, size, -1)  # [r·h, size, d]
+                # Σ_j P_ij dP_ij = <dO_i, O_i>: the softmax backward's row term, per head and query.
+                row_terms = torch.linalg.vecdot(d_out.view(rows, heads, size, -1),
+                                                out[first:last, start:end].transpose(1, 2)).view(-1, size, 1)
+                probs = _probabilities(q_block, k_rows, row_mask, rows, start, causal)
                 keys = probs.shape[-1]
-                dv_rows[:, :keys].baddbmm_(probs.transpose(1, 2), d_out[:, start:end])
-                d_scores = torch.bmm(d_out[:, start:end], v_rows[:, :keys].transpose(1, 2))
-                d_scores.sub_(row_terms[:, start:end]).mul_(probs)
+                dv_rows[:, :keys] += torch.bmm(probs.transpose(1, 2), d_out)
+                d_scores = torch.bmm(d_out, v_rows[:, :keys].transpose(1, 2))
+                d_scores.sub_(row_terms).mul_(probs)
                 dq_rows[:, start:end] = torch.bmm(d_scores, k_rows[:, :keys])
-                dk_rows[:, :keys].baddbmm_(d_scores.transpose(1, 2), q_rows[:, start:end])
+                dk_rows[:, :keys] += torch.bmm(d_scores.transpose(1, 2), q_block)
             # The query heads of a group share one key/value head: their gradients add up.
             dk[first:last] = dk_rows.view(rows, kv_heads, group, k_len, -1).sum(2)
             dv[first:last] = dv_rows.view(rows, kv_heads, group, k_len, -1).sum(2)
