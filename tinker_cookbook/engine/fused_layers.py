@@ -361,13 +361,12 @@ def _attention_forward(self: Any, hidden_states: torch.Tensor,
     (Qwen3: each head's query and key RMS-normed first), rotation, cache update, the configured attention
     implementation, output projection. Anything else (another dtype, the deprecated ``past_key_values``) takes the
     module's own forward."""
-    plain = (position_embeddings is not None and hidden_states.dtype == torch.float32
-             and all(t.dtype == torch.float32 and t.dim() == 3 and t.shape[-1] == self.head_dim
-                     for t in position_embeddings)
-             and self.head_dim % 2 == 0 and "past_key_values" not in kwargs)
-    if not plain:
+    plain = position_embeddings is not None and hidden_states.dtype == torch.float32 and all(
+        t.dtype == torch.float32 and t.dim() == 3 and t.shape[-1] == self.head_dim for t in position_embeddings)
+    if position_embeddings is None or not plain or self.head_dim % 2 or "past_key_values" in kwargs:
         return getattr(self, _saved_forward)(hidden_states, position_embeddings=position_embeddings,
                                              attention_mask=attention_mask, cache=cache, **kwargs)
+    cos, sin = position_embeddings
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     shape = (*hidden_states.shape[:-1], -1, self.head_dim)
@@ -375,7 +374,7 @@ def _attention_forward(self: Any, hidden_states: torch.Tensor,
     if getattr(self, "q_norm", None) is not None:
         query, key = self.q_norm(query), self.k_norm(key)
     value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
-    query, key = rotary(query.transpose(1, 2), key.transpose(1, 2), *position_embeddings)
+    query, key = rotary(query.transpose(1, 2), key.transpose(1, 2), cos, sin)
     if cache is not None:
         key, value = cache.update(key, value, self.layer_idx, kwargs=kwargs)
     eager = sys.modules[type(self).__module__].eager_attention_forward
