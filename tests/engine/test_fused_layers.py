@@ -131,12 +131,13 @@ def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allo
 
 
 @pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize(("batch", "n"), [(2, 300), (5, 100)])
-def test_attention_matches_float64(threads: int, masked: bool, batch: int, n: int,
+@pytest.mark.parametrize(("batch", "n", "kv_heads"), [(2, 300, 2), (5, 100, 2), (4, 60, 6)])
+def test_attention_matches_float64(threads: int, masked: bool, batch: int, n: int, kv_heads: int,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Causal and boolean-masked (a shared prefix's shape: fewer queries than keys) grouped-query attention, output
     and q/k/v gradients, against float64: long rows in several query blocks, one row at a time, and short rows
-    batched several at a time (5 rows of 100: chunks of 3 and 2 rows causal, 2, 2 and 1 masked).
+    batched several at a time (5 rows of 100: chunks of 3 and 2 rows causal, 2, 2 and 1 masked); grouped-query
+    (3 query heads per key/value head) and plain multi-head (4 rows of 60, one chunk).
 
     Rounding per output element: the scores are d-term sums (γ_d), exp and the softmax's m-term normalising sum
     (γ_m), then an m-term sum against V; an error ε in a score moves the output by ≤ ε·Σ_j P_j·|V_j - O|. So the
@@ -146,7 +147,7 @@ def test_attention_matches_float64(threads: int, masked: bool, batch: int, n: in
     """
     monkeypatch.setattr(fused_layers, "MIN_QUERIES", 1)  # the fused function at every length, whatever the BLAS
     generator = torch.Generator().manual_seed(2)
-    heads, kv_heads, d = 6, 2, 16
+    heads, d = 6, 16
     m = n + 40 if masked else n
     q = torch.randn(batch, n, heads, d, generator=generator).transpose(1, 2).requires_grad_(True)
     k = torch.randn(batch, m, kv_heads, d, generator=generator).transpose(1, 2).requires_grad_(True)

@@ -150,28 +150,20 @@ def _row_chunks(batch: int, q_len: int, k_len: int) -> list[tuple[int, int]]:
     return [(start, min(start + rows, batch)) for start in range(0, batch, rows)]
 
 
-def _per_head(x: torch.Tensor, group: int) -> torch.Tensor:
-    """Rows ``[r, kv_heads, m, d]`` of keys or values for every query head, ``[r·heads, m, d]`` contiguous."""
-    rows, kv_heads = x.shape[:2]
-    out = x.new_empty(rows, kv_heads, group, *x.shape[2:])
-    out.copy_(x.unsqueeze(2).expand_as(out))
-    return out.view(rows * kv_heads * group, *x.shape[2:])
-
-
-def _probabilities(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, rows: int, start: int,
+def _probabilities(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, rows: int, start: int, size: int,
                    causal: torch.Tensor) -> torch.Tensor:
-    """One block's softmax(q kᵀ) (``q [r·h, size, d]`` the pre-scaled queries ``[start, start + size)``, ``k [r·h,
-    m, d]``), ``[r·h, size, keys]``, over the keys each query sees.
+    """One block's softmax(q kᵀ), ``[r·kv_h, group·size, keys]``, over the keys each query sees: ``q [r·kv_h,
+    group·size, d]`` the pre-scaled queries ``[start, start + size)`` of each key/value head's query heads, one head
+    after the other; ``k [r·kv_h, m, d]``.
 
     ``mask`` None: causal, the block of equally many queries and keys sees keys ``< start + size``, and only its
     diagonal square needs masking (``causal``: -inf above the diagonal, added there); else the boolean mask's
     ``[r or 1, 1, n, m]`` rows (True: masked out), the same for every head of a row.
     """
-    size = q.shape[1]
     end = start + size
     if mask is None:
         scores = torch.bmm(q, k[:, :end].transpose(1, 2))
-        scores[:, :, start:].add_(causal[:size, :size])
+        scores.view(-1, size, end)[:, :, start:].add_(causal[:size, :size])
     else:
         scores = torch.bmm(q, k.transpose(1, 2))
         scores.view(rows, -1, size, k.shape[1]).masked_fill_(mask[:, :, start:end], -math.inf)
@@ -183,29 +175,32 @@ class _AttentionFunction(torch.autograd.Function):
     a boolean mask ``[b or 1, 1, n, m]`` (True: attend), scaled by ``scale``.
 
     Returns ``[b, n, h, d]`` (the layout the output projection reads). Saves q, k, v and the output; the backward
-    recomputes each block's probabilities. Per chunk of batch rows (``_row_chunks``), the keys and values are
-    repeated for the query heads of their group (transient, one chunk's worth), so that every product is one
-    batched matmul over rows and heads; each query block's operands are made contiguous once (oneDNN's batched
-    matmul copies any other layout, at every use).
+    recomputes each block's probabilities. Per chunk of batch rows (``_row_chunks``) and block of queries, the
+    query heads that share a key/value head are stacked along the queries (``[r·kv_h, group·size, d]``, made
+    contiguous once: oneDNN's batched matmul copies any other layout at every use), so that every product is one
+    batched matmul over rows and key/value heads, the keys and values are used as they are (not repeated per query
+    head), and the key/value gradients come out summed over each group.
     """
 
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # type: ignore[override]
                 mask: torch.Tensor | None, scale: float) -> torch.Tensor:
         batch, heads, q_len, _ = q.shape
-        k_len, group = k.shape[2], heads // k.shape[1]
+        kv_heads, k_len = k.shape[1], k.shape[2]
         scaled = torch.empty(q.shape, dtype=q.dtype, device=q.device).copy_(q).mul_(scale)
         causal = _upper_triangle(q.device)
         out = q.new_empty(batch, q_len, heads, v.shape[-1])
         for first, last in _row_chunks(batch, q_len, k_len):
             rows = last - first
-            q_rows = scaled[first:last].view(rows * heads, q_len, -1)
-            k_rows, v_rows = _per_head(k[first:last], group), _per_head(v[first:last], group)
+            k_rows = k[first:last].reshape(rows * kv_heads, k_len, -1)
+            v_rows = v[first:last].reshape(rows * kv_heads, k_len, -1)
             row_mask = None if mask is None else mask[first:last] if mask.shape[0] > 1 else mask
             for start, end in _blocks(q_len):
-                probs = _probabilities(q_rows[:, start:end].contiguous(), k_rows, row_mask, rows, start, causal)
+                size = end - start
+                q_block = scaled[first:last, :, start:end].reshape(rows * kv_heads, -1, q.shape[-1])
+                probs = _probabilities(q_block, k_rows, row_mask, rows, start, size, causal)
                 block = torch.bmm(probs, v_rows[:, : probs.shape[-1]])
-                out[first:last, start:end] = block.view(rows, heads, end - start, -1).transpose(1, 2)
+                out[first:last, start:end] = block.view(rows, heads, size, -1).transpose(1, 2)
         ctx.save_for_backward(scaled, k, v, out, mask)
         ctx.scale = scale
         return out
@@ -213,36 +208,33 @@ class _AttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:  # type: ignore[override]
         scaled, k, v, out, mask = ctx.saved_tensors
-        batch, heads, q_len, _ = scaled.shape
+        batch, heads, q_len, d = scaled.shape
         kv_heads, k_len = k.shape[1], k.shape[2]
-        group = heads // kv_heads
         causal = _upper_triangle(scaled.device)
         dq = torch.empty_like(scaled)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         for first, last in _row_chunks(batch, q_len, k_len):
             rows = last - first
-            q_rows = scaled[first:last].view(rows * heads, q_len, -1)
-            dq_rows = dq[first:last].view(rows * heads, q_len, -1)
-            k_rows, v_rows = _per_head(k[first:last], group), _per_head(v[first:last], group)
+            k_rows = k[first:last].reshape(rows * kv_heads, k_len, -1)
+            v_rows = v[first:last].reshape(rows * kv_heads, k_len, -1)
             row_mask = None if mask is None else mask[first:last] if mask.shape[0] > 1 else mask
-            dk_rows, dv_rows = torch.zeros_like(k_rows), k_rows.new_zeros(rows * heads, k_len, v.shape[-1])
+            dk_rows, dv_rows = torch.zeros_like(k_rows), torch.zeros_like(v_rows)
             for start, end in _blocks(q_len):
                 size = end - start
-                q_block = q_rows[:, start:end].contiguous()
-                d_out = grad[first:last, start:end].transpose(1, 2).reshape(rows * heads, size, -1)  # [r·h, size, d]
+                q_block = scaled[first:last, :, start:end].reshape(rows * kv_heads, -1, d)
+                d_out = grad[first:last, start:end].transpose(1, 2).reshape(rows * kv_heads, -1, grad.shape[-1])
                 # Σ_j P_ij dP_ij = <dO_i, O_i>: the softmax backward's row term, per head and query.
                 row_terms = torch.linalg.vecdot(d_out.view(rows, heads, size, -1),
-                                                out[first:last, start:end].transpose(1, 2)).view(-1, size, 1)
-                probs = _probabilities(q_block, k_rows, row_mask, rows, start, causal)
+                                                out[first:last, start:end].transpose(1, 2))
+                probs = _probabilities(q_block, k_rows, row_mask, rows, start, size, causal)
                 keys = probs.shape[-1]
                 dv_rows[:, :keys] += torch.bmm(probs.transpose(1, 2), d_out)
                 d_scores = torch.bmm(d_out, v_rows[:, :keys].transpose(1, 2))
-                d_scores.sub_(row_terms).mul_(probs)
-                dq_rows[:, start:end] = torch.bmm(d_scores, k_rows[:, :keys])
+                d_scores.sub_(row_terms.view(rows * kv_heads, -1, 1)).mul_(probs)
+                dq[first:last, :, start:end] = torch.bmm(d_scores, k_rows[:, :keys]).view(rows, heads, size, d)
                 dk_rows[:, :keys] += torch.bmm(d_scores.transpose(1, 2), q_block)
-            # The query heads of a group share one key/value head: their gradients add up.
-            dk[first:last] = dk_rows.view(rows, kv_heads, group, k_len, -1).sum(2)
-            dv[first:last] = dv_rows.view(rows, kv_heads, group, k_len, -1).sum(2)
+            dk[first:last] = dk_rows.view(rows, kv_heads, k_len, -1)
+            dv[first:last] = dv_rows.view(rows, kv_heads, k_len, -1)
         return dq.mul_(ctx.scale), dk, dv, None, None
 
 
