@@ -16,9 +16,9 @@ hand in a few fused ops:
   projections, rotation, cache, attention implementation, output projection, as HF's).
 - attention: causal attention computed per chunk of batch rows (one row from ~256 tokens, several shorter ones
   together) and per block of queries with batched matmuls whose temporaries (one block's scores, all heads) stay
-  in the CPU's caches; the keys a causal block cannot see are skipped, each key/value head is repeated for its
-  query heads one chunk at a time (transient), and the backward recomputes the probabilities (nothing of size
-  queries x keys is saved, as with torch's flash kernel). It replaces torch's CPU flash-attention kernel, which at
+  in the CPU's caches; the keys a causal block cannot see are skipped, the query heads of one key/value head are
+  stacked along the queries (keys and values are not repeated), and the backward recomputes the probabilities
+  (nothing of size queries x keys is saved, as with torch's flash kernel). It replaces torch's CPU flash-attention kernel, which at
   these head sizes (64) runs several times below the matmul peak.
 
 Every replacement computes the same function as the module it replaces, to fp32 rounding (only the order of sums
