@@ -5,6 +5,7 @@
     python bench/bench_training.py --reps 2             # alternate the three sides twice, keep each one's best
     python bench/bench_training.py --threads 1          # one torch thread per side (steadier on a loaded machine)
     python bench/bench_training.py --no-baseline        # only the engine's fp32 and bf16 sides (and the peaks)
+    python bench/bench_training.py --no-baseline --no-bf16 --engine-ref main   # fp32: this tree vs git ref main
 
 Each side runs in its own subprocess (so peak RSS is its own) on the same data: a batch of 8 sequences with
 lengths drawn uniformly from 64-512, LoRA rank 32 on all linear layers incl. the unembedding, AdamW. The baseline
@@ -19,7 +20,9 @@ mismatch, the mean/max |d| of its forward logprobs against the fp32 side's on a 
 step), which is the sampler/learner mismatch it adds (the default fp32 sampler agrees with the fp32 learner to ~1e-5).
 Not a test: machines are noisy, so compare within one run. On a shared machine wall-clock speed follows the load;
 tokens per CPU-second of the timed steps (``time.process_time``) follow the work done, and with ``--threads 1``
-they compare with the single-thread peaks measured alongside.
+they compare with the single-thread peaks measured alongside. ``--engine-ref REF`` adds a side that runs the fp32
+engine of ``git archive REF`` (same bench code, same batches), alternating with this tree's in every round: the A/B
+of an engine change within one run.
 """
 
 from __future__ import annotations
@@ -30,8 +33,11 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 FAST_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "68719476736",
                "MALLOC_TOP_PAD_": "1073741824"}
@@ -181,6 +187,13 @@ def extra_flops_per_token(model: str, steps: int, rank: int = 32) -> tuple[float
     return float(lora), attention
 
 
+def export_tree(ref: str, into: Path) -> Path:
+    """``git archive ref`` of this repository, extracted into ``into``."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
 def child(side: str, model: str, steps: int) -> None:
     if side == "engine-unpacked":
         from tinker_cookbook.engine import training
@@ -194,14 +207,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--child", choices=["engine", "engine-bf16", "engine-unpacked", "baseline"])
-    parser.add_argument("--reps", type=int, default=1, help="alternating rounds of the three sides (best kept)")
+    parser.add_argument("--child", choices=["engine", "engine-bf16", "engine-unpacked", "engine-ref", "baseline"])
+    parser.add_argument("--reps", type=int, default=1, help="alternating rounds of the sides (best kept)")
     parser.add_argument("--no-fast-malloc", action="store_true", help="run both sides with glibc's default malloc")
     parser.add_argument("--unpacked-fp32", action="store_true",
                         help="add a side with the fp32 base through F.linear, not packed weights (engine-unpacked)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per side and for the peaks (0: torch's)")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the transformers+peft side (the slowest): engine fp32 vs bf16 and the peaks only")
+    parser.add_argument("--no-bf16", action="store_true", help="skip the engine's bf16-base side")
+    parser.add_argument("--engine-ref", default="", help="add a side: the fp32 engine of this git ref (an A/B)")
     args = parser.parse_args()
     if args.child:
         child(args.child, args.model, args.steps)
@@ -212,26 +227,35 @@ def main() -> None:
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
     # The script's own directory is bench/: put this tree's root first so that it is the code measured.
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                         env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    scratch = tempfile.TemporaryDirectory()
+    ref_env = dict(env)
+    if args.engine_ref:
+        ref_env["PYTHONPATH"] = os.pathsep.join([str(export_tree(args.engine_ref, Path(scratch.name))),
+                                                 env.get("PYTHONPATH", "")])
     malloc = "glibc defaults" if args.no_fast_malloc else "fast malloc env (" + ", ".join(f"{k}={v}" for k, v in FAST_MALLOC.items()) + ")"
     print(f"model {args.model}, LoRA r32 all linear + unembed, 8 seqs x 64-512 tokens, {args.steps} timed steps")
     threads = args.threads or "torch's default"
     print(f"malloc: {malloc}; {os.cpu_count()} cores, threads {threads}; load average {os.getloadavg()[0]:.1f}; "
           f"{args.reps} round(s)")
     results: dict[str, dict] = {}
-    sides = (*(() if args.no_baseline else ("baseline",)), "engine", "engine-bf16",
-             *(("engine-unpacked",) if args.unpacked_fp32 else ()))
+    sides = (*(() if args.no_baseline else ("baseline",)), *(("engine-ref",) if args.engine_ref else ()), "engine",
+             *(() if args.no_bf16 else ("engine-bf16",)), *(("engine-unpacked",) if args.unpacked_fp32 else ()))
     for _ in range(args.reps):
         for side in sides:
             side_env = {**env, "TINKER_COOKBOOK_TRAIN_DTYPE": "bf16"} if side == "engine-bf16" else env
-            out = subprocess.run([sys.executable, __file__, "--child", side, "--model", args.model, "--steps",
+            side_env = ref_env if side == "engine-ref" else side_env
+            out = subprocess.run([sys.executable, __file__, "--child", "engine" if side == "engine-ref" else side, "--model", args.model, "--steps",
                                   str(args.steps)], env=side_env, capture_output=True, text=True)
             line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
             if out.returncode != 0 or not line:
                 sys.exit(f"{side} failed:\n{out.stderr[-3000:]}")
             result = json.loads(line[0][len("RESULT "):])
-            if side not in results or result["tokens_per_s"] > results[side]["tokens_per_s"]:
+            print(f"  {side}: {result['tokens_per_cpu_s']:.1f} tok per CPU-second, load average "
+                  f"{os.getloadavg()[0]:.1f}", flush=True)
+            # Best of the rounds: per CPU-second with one thread (that follows the work done), else wall-clock.
+            key = "tokens_per_cpu_s" if args.threads == 1 else "tokens_per_s"
+            if side not in results or result[key] > results[side][key]:
                 results[side] = result
     n = param_count(args.model)
     for side in sides:
@@ -239,17 +263,25 @@ def main() -> None:
         print(f"{side:>11}: {r['tokens_per_s']:8.1f} tok/s   peak RSS {r['peak_rss_gb']:.2f} GB "
               f"(after load {r['loaded_rss_gb']:.2f} GB)   {4 * n * r['tokens_per_s'] / 1e9:.1f} GFLOP/s   "
               f"{r['tokens_per_cpu_s']:.1f} tok per CPU-second")
-    e, h = results["engine"], results["engine-bf16"]
+    scratch.cleanup()
+    e, h = results["engine"], results.get("engine-bf16")
     if "baseline" in results:
         b = results["baseline"]
         print(f"ratio engine/baseline: throughput {e['tokens_per_s'] / b['tokens_per_s']:.2f}x (target >= 1.0), "
               f"peak memory {e['peak_rss_gb'] / b['peak_rss_gb']:.2f}x (target <= 0.6)")
     import torch
 
-    d = torch.tensor(h["eval_logprobs"], dtype=torch.float64) - torch.tensor(e["eval_logprobs"], dtype=torch.float64)
-    print(f"bf16 base / fp32: throughput {h['tokens_per_s'] / e['tokens_per_s']:.2f}x (target >= 1.6), per CPU-second "
-          f"{h['tokens_per_cpu_s'] / e['tokens_per_cpu_s']:.2f}x; logprobs vs "
-          f"fp32 learner: mean|d| {d.abs().mean():.4f} max {d.abs().max():.3f} over {d.numel()} held-out tokens")
+    if h is not None:
+        d = torch.tensor(h["eval_logprobs"], dtype=torch.float64) - torch.tensor(e["eval_logprobs"], dtype=torch.float64)
+        print(f"bf16 base / fp32: throughput {h['tokens_per_s'] / e['tokens_per_s']:.2f}x (target >= 1.6), per "
+              f"CPU-second {h['tokens_per_cpu_s'] / e['tokens_per_cpu_s']:.2f}x; logprobs vs fp32 learner: mean|d| "
+              f"{d.abs().mean():.4f} max {d.abs().max():.3f} over {d.numel()} held-out tokens")
+    if "engine-ref" in results:
+        r = results["engine-ref"]
+        d = torch.tensor(r["eval_logprobs"], dtype=torch.float64) - torch.tensor(e["eval_logprobs"], dtype=torch.float64)
+        print(f"engine fp32 / engine of {args.engine_ref}: throughput {e['tokens_per_s'] / r['tokens_per_s']:.2f}x, per "
+              f"CPU-second {e['tokens_per_cpu_s'] / r['tokens_per_cpu_s']:.2f}x, peak RSS "
+              f"{e['peak_rss_gb'] - r['peak_rss_gb']:+.2f} GB; held-out logprobs max |d| {d.abs().max():.2e}")
     if args.threads:
         torch.set_num_threads(args.threads)
     if "engine-unpacked" in results:
@@ -259,11 +291,12 @@ def main() -> None:
               f"{e['peak_rss_gb'] - u['peak_rss_gb']:+.2f} GB")
     peaks = matmul_peaks_gflops()
     print("matmul peaks (GFLOP/s): " + ", ".join(f"{k} {v:.0f}" for k, v in peaks.items()))
-    fp32_peak = peaks.get("fp32 oneDNN", peaks["fp32 torch.mm"])
+    fp32_peak, bf16_peak = peaks.get("fp32 oneDNN", peaks["fp32 torch.mm"]), peaks.get("bf16 oneDNN", float("nan"))
     if args.threads == 1:  # one thread: a CPU-second is a second of one core, the peaks' unit
-        print(f"per CPU-second: engine fp32 {4 * n * e['tokens_per_cpu_s'] / 1e9 / fp32_peak:.0%} of the oneDNN fp32 "
-              f"peak, engine bf16 {4 * n * h['tokens_per_cpu_s'] / 1e9 / peaks.get('bf16 oneDNN', float('nan')):.0%} "
-              "of bf16's")
+        shares = [f"{side} {4 * n * results[side]['tokens_per_cpu_s'] / 1e9 / fp32_peak:.0%}"
+                  for side in ("engine", "engine-ref") if side in results]
+        bf16 = "" if h is None else f", engine bf16 {4 * n * h['tokens_per_cpu_s'] / 1e9 / bf16_peak:.0%} of bf16's"
+        print(f"per CPU-second: {', '.join(shares)} of the oneDNN fp32 peak{bf16}")
     lora, attention = extra_flops_per_token(args.model, args.steps)
     total = 4 * n + lora + attention
     per_s = e["tokens_per_cpu_s"] if args.threads == 1 else e["tokens_per_s"]
@@ -271,9 +304,9 @@ def main() -> None:
           f"{attention / 1e6:.0f}M = {total / 1e6:.0f}M ({total / (4 * n):.2f}x 4N); counted so, engine fp32 does "
           f"{total * per_s / 1e9:.1f} GFLOP/s{' per CPU-second' if args.threads == 1 else ''} = "
           f"{total * per_s / 1e9 / fp32_peak:.0%} of the oneDNN fp32 peak")
+    bf16 = "" if h is None else f"engine bf16: {4 * n * h['tokens_per_s'] / 1e9 / bf16_peak:.0%} of bf16's; "
     print(f"engine fp32: {4 * n * e['tokens_per_s'] / 1e9 / fp32_peak:.0%} of the oneDNN fp32 peak (target >= 60%); "
-          f"engine bf16: {4 * n * h['tokens_per_s'] / 1e9 / peaks.get('bf16 oneDNN', float('nan')):.0%} of bf16's; "
-          f"load average at the end {os.getloadavg()[0]:.1f}")
+          f"{bf16}load average at the end {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

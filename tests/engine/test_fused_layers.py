@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tinker_cookbook.engine import device as device_module
 from tinker_cookbook.engine import fused_layers, training
 from tinker_cookbook.engine.models import get_model_spec, load_model
 from tinker_cookbook.engine.training import BaseModel, TrainingSession
@@ -81,6 +82,44 @@ def test_silu_mul_matches_float64(threads: int) -> None:
     assert _within(gate.grad, g64.grad, unit * gate_scale + 1e-30)
 
 
+def test_rotary_matches_float64(threads: int) -> None:
+    """The rotation of q and k (HF's ``apply_rotary_pos_emb``, run in float64 as the reference) and its gradient.
+
+    Each output element is ``x_i·c_i ± x_j·s_i``: two products and a sum, three roundings, and so is each gradient
+    element (``g_i·c_i ∓ g_j·s_j``); 4·u relative to the magnitudes of the two terms bounds both.
+    """
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    generator = torch.Generator().manual_seed(7)
+    batch, n, d = 2, 33, 16
+    # HF's layout: projections [b, n, heads, d] seen as [b, heads, n, d].
+    q = torch.randn(batch, n, 6, d, generator=generator).transpose(1, 2).requires_grad_(True)
+    k = torch.randn(batch, n, 2, d, generator=generator).transpose(1, 2).requires_grad_(True)
+    angles = torch.arange(n, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(0, d, 2) / d)
+    angles = torch.cat([angles, angles], -1).expand(batch, n, d)
+    cos, sin = angles.cos().float(), angles.sin().float()
+    up_q, up_k = torch.randn(q.shape, generator=generator), torch.randn(k.shape, generator=generator)
+    out_q, out_k = fused_layers.rotary(q, k, cos, sin)
+    (out_q * up_q).sum().add((out_k * up_k).sum()).backward()
+    assert q.grad is not None and k.grad is not None
+
+    q64, k64 = q.detach().double().requires_grad_(True), k.detach().double().requires_grad_(True)
+    ref_q, ref_k = apply_rotary_pos_emb(q64, k64, cos.double(), sin.double())
+    (ref_q * up_q.double()).sum().add((ref_k * up_k.double()).sum()).backward()
+    assert q64.grad is not None and k64.grad is not None
+
+    def swap(x: torch.Tensor) -> torch.Tensor:  # the partner element of each: the other half
+        return torch.cat([x[..., d // 2:], x[..., : d // 2]], -1)
+
+    c, s_ = cos.double().abs().unsqueeze(1), sin.double().abs().unsqueeze(1)
+    unit = 4 * FP32_UNIT
+    for out, ref, x, up, grad, ref_grad in ((out_q, ref_q, q64, up_q, q.grad, q64.grad),
+                                            (out_k, ref_k, k64, up_k, k.grad, k64.grad)):
+        x_abs, up_abs = x.detach().abs(), up.double().abs()
+        assert _within(out.detach(), ref.detach(), unit * (x_abs * c + swap(x_abs) * s_) + 1e-30)
+        assert _within(grad, ref_grad, unit * (up_abs * c + swap(up_abs * s_)) + 1e-30)
+
+
 def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
                          scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 attention [b, n, h, d] and its probabilities, the key/value heads repeated for their query heads."""
@@ -92,9 +131,13 @@ def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allo
 
 
 @pytest.mark.parametrize("masked", [False, True])
-def test_attention_matches_float64(threads: int, masked: bool) -> None:
-    """Causal (several query blocks) and boolean-masked (a shared prefix's shape: fewer queries than keys) grouped-
-    query attention, output and q/k/v gradients, against float64.
+@pytest.mark.parametrize(("batch", "n", "kv_heads"), [(2, 300, 2), (5, 100, 2), (4, 60, 6)])
+def test_attention_matches_float64(threads: int, masked: bool, batch: int, n: int, kv_heads: int,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Causal and boolean-masked (a shared prefix's shape: fewer queries than keys) grouped-query attention, output
+    and q/k/v gradients, against float64: long rows in several query blocks, one row at a time, and short rows
+    batched several at a time (5 rows of 100: chunks of 3 and 2 rows causal, 2, 2 and 1 masked); grouped-query
+    (3 query heads per key/value head) and plain multi-head (4 rows of 60, one chunk).
 
     Rounding per output element: the scores are d-term sums (γ_d), exp and the softmax's m-term normalising sum
     (γ_m), then an m-term sum against V; an error ε in a score moves the output by ≤ ε·Σ_j P_j·|V_j - O|. So the
@@ -102,8 +145,9 @@ def test_attention_matches_float64(threads: int, masked: bool) -> None:
     P_j·|V_j| (max|s| the largest score magnitude, covering the relative error of exp) for the output, and the
     same factor times the matching products of magnitudes for the gradients.
     """
+    monkeypatch.setattr(fused_layers, "MIN_QUERIES", 1)  # the fused function at every length, whatever the BLAS
     generator = torch.Generator().manual_seed(2)
-    batch, heads, kv_heads, n, d = 2, 6, 2, 300, 16
+    heads, d = 6, 16
     m = n + 40 if masked else n
     q = torch.randn(batch, n, heads, d, generator=generator).transpose(1, 2).requires_grad_(True)
     k = torch.randn(batch, m, kv_heads, d, generator=generator).transpose(1, 2).requires_grad_(True)
@@ -111,9 +155,11 @@ def test_attention_matches_float64(threads: int, masked: bool) -> None:
     upstream = torch.randn(batch, n, heads, d, generator=generator)
     scale = d**-0.5
     allowed = torch.arange(m)[None, :] <= torch.arange(n)[:, None] + (m - n)
-    mask = allowed.expand(batch, 1, n, m) if masked else None
+    # One mask per row for the long rows, one broadcast over all rows for the short ones (both occur).
+    mask = allowed.expand(batch if n > 128 else 1, 1, n, m) if masked else None
     module = torch.nn.Module()
     out, _ = fused_layers.attention(module, q, k, v, mask, scaling=scale)
+    assert type(out.grad_fn).__name__ == "_AttentionFunctionBackward"
     out.backward(upstream)
     assert q.grad is not None and k.grad is not None and v.grad is not None
 
@@ -150,13 +196,29 @@ def test_attention_falls_back_where_it_does_not_apply() -> None:
 
 
 def test_short_attention_passes_keep_sdpa() -> None:
-    """Below ``MIN_QUERIES`` queries the pass is SDPA's own (bit for bit), where the fused loop would be slower."""
+    """Below ``MIN_QUERIES`` queries, with fp32 matmuls on torch's BLAS, the pass is SDPA's own (bit for bit), where
+    the fused loop would be slower."""
     generator = torch.Generator().manual_seed(5)
     n = fused_layers.MIN_QUERIES - 1
     q, k, v = (torch.randn(1, 2, n, 8, generator=generator) for _ in range(3))
     out, _ = fused_layers.attention(torch.nn.Module(), q, k, v, None, scaling=0.3)
     expected = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3).transpose(1, 2)
     assert torch.equal(out, expected)
+
+
+def test_short_attention_passes_are_fused_under_onednn_fp32_matmuls() -> None:
+    """Inside ``fast_fp32_matmuls`` (every training pass where oneDNN's fp32 kernels are exact) SDPA's kernel is
+    slower than the fused function at every length, so a short pass is fused too."""
+    if not device_module._onednn_fp32_is_exact():
+        pytest.skip("oneDNN's fp32 matmuls are not exact on this CPU: training keeps torch's BLAS")
+    generator = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(3, 2, 20, 8, generator=generator).requires_grad_(True) for _ in range(3))
+    with device_module.fast_fp32_matmuls(torch.device("cpu")):
+        out, _ = fused_layers.attention(torch.nn.Module(), q, k, v, None, scaling=0.3)
+    assert type(out.grad_fn).__name__ == "_AttentionFunctionBackward"
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3).transpose(1, 2)
+    # Same function: fp32 rounding of 20-term sums of products of magnitude ~1 (see the float64 test's bound).
+    assert float((out - expected).abs().max()) < 1e-5
 
 
 def _session(model: str, fused: bool, monkeypatch: pytest.MonkeyPatch) -> TrainingSession:
@@ -210,6 +272,29 @@ def test_lora_step_through_fused_layers_equals_the_hf_path(device: str, model: s
     after = [_logprobs(s.forward(data, "cross_entropy", None, backward=False)) for s in (hf, fused)]
     assert float((after[0] - after[1]).abs().max()) < 1e-4
     assert float((after[0] - _logprobs(outputs[0])).abs().max()) > 1e-3  # the step changed the model
+
+
+@pytest.mark.parametrize("model_name", ["tinker-cookbook/tiny-smollm2", "tinker-cookbook/tiny-qwen3"])
+def test_install_routes_every_layer_through_the_fused_functions(model_name: str, monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    """The whole-step comparison above cannot tell a fused function from the HF path it replaces (same values):
+    here each one must run, once per decoder layer (the rotation and attention) or per norm and MLP."""
+    model = load_model(model_name, torch.float32)
+    fused_layers.install(model)
+    calls: dict[str, int] = {}
+    for name in ("rotary", "rms_norm", "silu_mul"):
+        original = getattr(fused_layers, name)
+
+        def spy(*args: object, _name: str = name, _original: object = original) -> object:
+            calls[_name] = calls.get(_name, 0) + 1
+            return _original(*args)  # type: ignore[operator]
+
+        monkeypatch.setattr(fused_layers, name, spy)
+    layers = model.config.num_hidden_layers
+    norms = sum(1 for m in model.modules() if type(m).__name__ in fused_layers.NORM_CLASSES)
+    with torch.no_grad():
+        model(input_ids=torch.arange(10, 30)[None], use_cache=False)
+    assert calls == {"rotary": layers, "rms_norm": norms, "silu_mul": layers}
 
 
 def test_uninstall_restores_the_hf_modules() -> None:

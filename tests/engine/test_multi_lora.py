@@ -248,7 +248,7 @@ def test_a_mixed_group_is_never_larger_than_a_members_largest_solo_group(
 def test_a_mixed_pass_runs_its_largest_group_first(engines: tuple[LocalBackend, LocalBackend],
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Memory: the heap keeps its high-water mark, and groups run smallest first raise it group by group around
-    what the earlier ones left behind; the largest group first sets it once (``multi_client.largest_first``)."""
+    what the earlier ones left behind; the largest group first sets it once (``passes.largest_first``)."""
 
     batched, _ = engines
     sizes = _group_sizes(monkeypatch)

@@ -60,21 +60,6 @@ def forward_together(requests: list[tuple[TrainingSession, ForwardRequest]]) -> 
     return [o if o is not None else RuntimeError("request not run (an engine bug)") for o in outcomes], mixed
 
 
-def largest_first(groups: list[list[int]], lengths: list[int]) -> list[list[int]]:
-    """``groups`` (of indices into ``lengths``), the largest padded size first (stable among equal sizes).
-
-    The heap a pass allocates from keeps what it once held (the engine's malloc settings keep freed memory for
-    reuse), so a step's peak RSS is the high-water mark of its largest group plus whatever lay above it. Run
-    smallest first, each larger group lays its activations out around what the earlier ones left behind (the
-    gradients first created in their backward, their outputs) and raises the mark again, and the largest one runs
-    with every client's gradients already allocated; run first, it sets the mark once and the smaller groups fit
-    under it. A mixed pass has several clients' groups, so many more of them than one client's own pass. Measured
-    on SmolLM2-135M (4 clients x 4 rows of 64-512 tokens in one pass, together with ``multi_lora``'s fused adds):
-    peak RSS 4.72 -> 4.16 GiB, the largest group's peak of live bytes 3.31 -> 2.95 GB.
-    """
-    return sorted(groups, key=lambda group: -len(group) * max(lengths[i] for i in group))
-
-
 def _run_alone(prepared: PreparedForward) -> Outcome:
     try:
         return prepared.session._run_prepared(prepared)
@@ -108,7 +93,7 @@ def _run_mixed(members: list[PreparedForward]) -> list[Outcome]:
     cap = max(passes.largest_group_tokens([len(item.input_ids) for item in prepared.batch]) for prepared in members)
     try:
         with multi_lora.no_active_adapter(layers, trainable):
-            for group in largest_first(passes.length_groups([len(item.input_ids) for item in items], cap),
+            for group in passes.largest_first(passes.length_groups([len(item.input_ids) for item in items], cap),
                                        [len(item.input_ids) for item in items]):
                 group = sorted(group, key=lambda r: rows[r][0])  # each session's rows contiguous (stable sort)
                 group_losses = None

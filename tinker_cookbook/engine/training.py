@@ -46,8 +46,9 @@ PACK_FP32_BASE = True
 Unpacked, fp32 matmuls already run oneDNN's kernels (``fast_fp32_matmuls``); packing W and Wᵀ once gained 8%
 tokens/s on SmolLM2-135M for +0.84 GB peak RSS (see the README). Set False to trade that speed for memory."""
 FUSED_LAYERS = True
-"""Whether, on the CPU, the decoder's RMSNorms, SiLU MLPs and attention run as the hand-fused autograd functions of
-``fused_layers`` (same values to fp32 rounding, fewer sweeps over the activations, less saved for the backward)."""
+"""Whether, on the CPU, the decoder's RMSNorms, SiLU MLPs, rotary embeddings and attention run as the hand-fused
+autograd functions of ``fused_layers`` (same values to fp32 rounding, fewer sweeps over the activations, less saved
+for the backward)."""
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -402,7 +403,8 @@ class TrainingSession:
         layers = lora_layers(self.base)
         fused = not any(item.images for item in batch) and multi_lora.supports(layers, [self.run_id])
         with multi_lora.one_adapter(layers, self.run_id, self.params) if fused else contextlib.nullcontext():
-            for group in passes.length_groups([len(item.input_ids) for item in batch]):
+            lengths = [len(item.input_ids) for item in batch]
+            for group in passes.largest_first(passes.length_groups(lengths), lengths):
                 group_losses = [token_losses[i] for i in group] if token_losses is not None else None
                 with fast_fp32_matmuls(self.base.device):
                     group_logps, group_totals = self._run_group(model, [batch[i] for i in group], group_losses)
