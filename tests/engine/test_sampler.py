@@ -301,6 +301,19 @@ def test_lora_merged_into_fused_weights_equals_the_merged_parts() -> None:
     assert torch.equal(fused[48:64], base["l.k_proj.weight"])
 
 
+def test_a_lora_bias_in_the_adapter_is_refused_by_name() -> None:
+    """PEFT's ``lora_bias`` saves ``lora_B.bias`` next to ``lora_B.weight``; both would land on the same factor
+    (the later one silently winning), so the key is refused instead of a wrong merge."""
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    state = {f"{prefix}.lora_A.weight": torch.zeros(4, 8), f"{prefix}.lora_B.weight": torch.zeros(8, 4),
+             f"{prefix}.lora_B.bias": torch.zeros(8)}
+    with pytest.raises(BadRequestError, match=r"lora_B\.bias.*'bias'.*without lora_bias"):
+        sampler_model.split_adapter_state(state)
+    del state[f"{prefix}.lora_B.bias"]
+    pairs, overrides = sampler_model.split_adapter_state(state)
+    assert set(pairs["model.layers.0.self_attn.q_proj"]) == {"lora_A", "lora_B"} and not overrides
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Semantics
 # --------------------------------------------------------------------------------------------------------------

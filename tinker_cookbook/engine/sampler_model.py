@@ -266,6 +266,13 @@ def split_adapter_state(
         parts = key.removeprefix(_PEFT_PREFIX).split(".")
         lora = [i for i, part in enumerate(parts) if part in _LORA_PARTS]
         if lora:
+            # lora_A/B are saved as ".weight"; embedding factors as the bare parameter. Anything else (PEFT's
+            # lora_bias adds "lora_B.bias") would otherwise overwrite a factor silently.
+            if parts[lora[0] + 1 :] not in (["weight"], []):
+                raise BadRequestError(
+                    f"adapter_state[{key!r}]: only the LoRA factors are supported, not "
+                    f"{'.'.join(parts[lora[0] + 1 :])!r}; train the adapter without lora_bias"
+                )
             pairs.setdefault(".".join(parts[: lora[0]]), {})[parts[lora[0]]] = tensor
         else:
             overrides[".".join(p for p in parts if p not in ("base_layer", "modules_to_save"))] = tensor
