@@ -254,3 +254,25 @@ def test_text_only_model_refuses_images(service: tinker.ServiceClient, tokenizer
                                                             "weights": [0.0] * prompt.length})
     with pytest.raises(UnprocessableEntityError, match=rf"data\[0\]\.model_input\.chunks\[1\].*{name}.*text-only"):
         client.forward([datum], "cross_entropy").result()
+
+
+def test_snapshots_of_one_base_share_its_vision_tower() -> None:
+    """Sampler snapshots of one base (with or without a LoRA adapter: LoRA adapts the language model only) get the
+    same vision tower object instead of a copy each; another base's tensors get their own; a dropped tower is not
+    kept alive by the cache."""
+    import gc
+    import weakref
+
+    from tinker_cookbook.engine.sampler import SamplingWeights
+
+    model = load_model(MODEL)
+    state = dict(model.state_dict())
+    first = SamplingWeights.build(model.config, state, None, None, torch.float32)
+    second = SamplingWeights.build(model.config, dict(state), None, None, torch.float32)
+    assert first.limits.vision is not None and first.limits.vision is second.limits.vision
+    other = SamplingWeights.build(model.config, {k: v.clone() for k, v in state.items()}, None, None, torch.float32)
+    assert other.limits.vision is not first.limits.vision
+    tower = weakref.ref(first.limits.vision)
+    del first, second
+    gc.collect()
+    assert tower() is None

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -34,7 +32,7 @@ from typing import Any, Literal
 import torch
 import transformers
 
-from tinker_cookbook.engine import sampler_model
+from tinker_cookbook.engine import base_cache, sampler_model
 from tinker_cookbook.engine.sampler_model import DecoderWeights, LayerWeights, Linear, LoraDelta
 from tinker_cookbook.tinker.errors import BadRequestError
 
@@ -99,32 +97,14 @@ def use_unmerged(mode: LoraMode, base_state: Mapping[str, torch.Tensor], dtype: 
 # One fused base per base model
 # --------------------------------------------------------------------------------------------------------------
 
-_bases_lock = threading.Lock()
-_bases: dict[tuple[Any, ...], tuple[weakref.ref[DecoderWeights], list[weakref.ref[torch.Tensor]]]] = {}
-
-
 def shared_base(
     config: transformers.PretrainedConfig, base_state: Mapping[str, torch.Tensor], dtype: torch.dtype
 ) -> DecoderWeights:
-    """The fused weights of ``base_state`` in ``dtype``, built once and shared while any snapshot holds them.
-
-    A base is identified by its tensors (the objects, as the trainer's ``BaseModel.base_state`` keeps them): the
-    entry holds weak references to them and to the fused weights, so it neither keeps a dropped base alive nor
-    matches a new base whose tensors happen to reuse a dropped one's ids.
-    """
-    tensors = list(base_state.values())
-    key = (dtype, tuple(base_state), tuple(id(t) for t in tensors))
-    with _bases_lock:
-        for stale in [k for k, (ref, _) in _bases.items() if ref() is None]:
-            del _bases[stale]
-        entry = _bases.get(key)
-        if entry is not None:
-            decoder, refs = entry[0](), entry[1]
-            if decoder is not None and all(r() is t for r, t in zip(refs, tensors, strict=True)):
-                return decoder
-        decoder = sampler_model.build_decoder_weights(config, base_state, None, None, dtype)
-        _bases[key] = (weakref.ref(decoder), [weakref.ref(t) for t in tensors])
-        return decoder
+    """The fused weights of ``base_state`` in ``dtype``, built once and shared while any snapshot holds them."""
+    return base_cache.shared(
+        ("decoder", dtype), base_state,
+        lambda: sampler_model.build_decoder_weights(config, base_state, None, None, dtype),
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------

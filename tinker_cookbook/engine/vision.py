@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from tinker_cookbook.engine import base_cache
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError, UnprocessableEntityError
 
@@ -410,4 +411,8 @@ def sampler_vision(config: Any, base_state: Mapping[str, torch.Tensor]) -> Sampl
 
     name = str(getattr(config, "name_or_path", "") or "")
     source = "hf" if name and name not in TINY_MODEL_CONFIGS else "tiny"
-    return SamplerVision(config, base_state, ImageInputs(name or "this model", config, _processor_for(name, source)))
+    # One tower per base model, shared by every snapshot of it (LoRA adapts the language model only).
+    return base_cache.shared(
+        "vision", base_state,
+        lambda: SamplerVision(config, base_state, ImageInputs(name or "this model", config, _processor_for(name, source))),
+    )
