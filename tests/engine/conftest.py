@@ -33,3 +33,20 @@ def engine() -> Iterator[SamplerEngine]:
     """One sampler engine shared by a module's tests."""
     with SamplerEngine(max_batch_sequences=64) as shared:
         yield shared
+
+
+@pytest.fixture
+def group_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that receives each training group's padded size (rows x longest row), in the order the engine runs
+    them (a spy on ``TrainingSession._run_group``, for this test only)."""
+    from tinker_cookbook.engine import training
+
+    sizes: list[int] = []
+    original = training.TrainingSession._run_group
+
+    def spy(self: Any, model: Any, items: list[Any], *args: Any, **kwargs: Any) -> Any:
+        sizes.append(len(items) * max(len(item.input_ids) for item in items))
+        return original(self, model, items, *args, **kwargs)
+
+    monkeypatch.setattr(training.TrainingSession, "_run_group", spy)
+    return sizes

@@ -3,12 +3,10 @@ so that the largest group sets the heap's high-water mark once; each datum's res
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 
-from tinker_cookbook.engine import passes, training
+from tinker_cookbook.engine import passes
 from tinker_cookbook.engine.models import get_model_spec, load_model
 from tinker_cookbook.engine.training import BaseModel, TrainingSession
 from tinker_cookbook.tinker import types
@@ -30,23 +28,9 @@ def _data() -> list[types.Datum]:
                         loss_fn_inputs={"target_tokens": r[1:], "weights": [1.0] * (len(r) - 1)}) for r in rows]
 
 
-def _group_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Each group's padded size (rows x longest row), in the order the engine runs them."""
-    sizes: list[int] = []
-    original = training.TrainingSession._run_group
-
-    def spy(self: Any, model: Any, items: list[Any], *args: Any, **kwargs: Any) -> Any:
-        sizes.append(len(items) * max(len(item.input_ids) for item in items))
-        return original(self, model, items, *args, **kwargs)
-
-    monkeypatch.setattr(training.TrainingSession, "_run_group", spy)
-    return sizes
-
-
-def test_a_single_client_pass_runs_its_largest_group_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    sizes = _group_sizes(monkeypatch)
+def test_a_single_client_pass_runs_its_largest_group_first(group_sizes: list[int]) -> None:
     _session().forward(_data(), "cross_entropy", None, backward=True)
-    assert sizes == [300, 120, 82, 9]
+    assert group_sizes == [300, 120, 82, 9]
 
 
 def test_the_group_order_changes_no_result(monkeypatch: pytest.MonkeyPatch) -> None:

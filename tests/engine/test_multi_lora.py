@@ -209,29 +209,13 @@ def test_each_clients_order_is_kept(engines: tuple[LocalBackend, LocalBackend]) 
     assert not torch.allclose(_logprobs(results[1])[0], _logprobs(results[3])[0], atol=1e-3)
 
 
-def _group_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """A list that receives each training group's padded size (rows x longest row) as the engine runs it."""
-    from tinker_cookbook.engine import training
-
-    sizes: list[int] = []
-    original = training.TrainingSession._run_group
-
-    def spy(self: Any, model: Any, items: list[Any], *args: Any, **kwargs: Any) -> Any:
-        sizes.append(len(items) * max(len(item.input_ids) for item in items))
-        return original(self, model, items, *args, **kwargs)
-
-    monkeypatch.setattr(training.TrainingSession, "_run_group", spy)
-    return sizes
-
-
 def test_a_mixed_group_is_never_larger_than_a_members_largest_solo_group(
-        engines: tuple[LocalBackend, LocalBackend], monkeypatch: pytest.MonkeyPatch) -> None:
+        engines: tuple[LocalBackend, LocalBackend], group_sizes: list[int]) -> None:
     """Memory: a pass's activations grow with its padded size, so batching clients must not make groups larger
     than the largest one any of them would run alone (without the cap, four small batches form one big group)."""
     from tinker_cookbook.engine import passes
 
     batched, _ = engines
-    sizes = _group_sizes(monkeypatch)
     clients = [_client(batched, config) for config in CONFIGS]
     batches = [_batch(100 + i, n=2) for i in range(len(clients))]
     with _held(batched):
@@ -240,26 +224,25 @@ def test_a_mixed_group_is_never_larger_than_a_members_largest_solo_group(
         future.result()
     assert batched.batched_requests == len(clients)
     solo_cap = max(passes.largest_group_tokens([b.model_input.length for b in batch]) for batch in batches)
-    assert sizes and max(sizes) <= solo_cap
+    assert group_sizes and max(group_sizes) <= solo_cap
     union = [b.model_input.length for batch in batches for b in batch]
     assert passes.largest_group_tokens(union) > solo_cap  # the case the cap is for
 
 
 def test_a_mixed_pass_runs_its_largest_group_first(engines: tuple[LocalBackend, LocalBackend],
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+                                                   group_sizes: list[int]) -> None:
     """Memory: the heap keeps its high-water mark, and groups run smallest first raise it group by group around
     what the earlier ones left behind; the largest group first sets it once (``passes.largest_first``)."""
 
     batched, _ = engines
-    sizes = _group_sizes(monkeypatch)
     clients = [_client(batched, config) for config in CONFIGS]
     with _held(batched):
         futures = [tc.forward_backward(_batch(200 + i, n=4), "cross_entropy") for i, tc in enumerate(clients)]
     for future in futures:
         future.result()
     assert batched.batched_requests == len(clients)
-    assert len(set(sizes)) > 2  # groups of several sizes, so that the order is tested
-    assert sizes == sorted(sizes, reverse=True)
+    assert len(set(group_sizes)) > 2  # groups of several sizes, so that the order is tested
+    assert group_sizes == sorted(group_sizes, reverse=True)
 
 
 def _saved_for_backward(run: Callable[[], Any], params: list[torch.nn.Parameter]) -> tuple[int, int]:
