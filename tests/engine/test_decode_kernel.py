@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.engine.test_sampler import _tiny_llama, _tiny_qwen2, _tiny_qwen3
+from tests.engine.test_sampler import _tiny_llama, _tiny_qwen2, _tiny_qwen3, stored_prompts
 from tinker_cookbook.engine import decode_kernel, sampler_decode, sampler_model
 from tinker_cookbook.engine.sampler import SamplerEngine, SamplingWeights
 from tinker_cookbook.tinker import types
@@ -56,17 +56,12 @@ def test_compiled_decode_equals_torch_decode_with_shared_prompts(make: Any, monk
     differs (16 partial sums against torch's kernels): a few ulp per operation over two layers, bound 1e-5 of the
     largest value (measured ~1e-6).
     """
-    weights = SamplingWeights.build(make().config, make().state_dict(), None, None, torch.float32).decoder
+    model = make()
+    weights = SamplingWeights.build(model.config, model.state_dict(), None, None, torch.float32).decoder
     assert decode_kernel.usable(weights)
     spec = weights.spec
-    prompts = [[5, 17, 300, 9, 44, 1000, 7], [12, 8, 100, 2000], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
-    kvs = sampler_model.prefill(weights, prompts, torch.float32).kv
-    lengths = torch.tensor([len(p) for p in prompts])
-    shared_cache = torch.zeros(spec.num_layers, 2, len(prompts), spec.num_kv_heads, 16, spec.head_dim)
-    for slot, kv in enumerate(kvs):
-        shared_cache[:, :, slot, :, : kv.shape[3]] = kv
-    of_row = torch.tensor([2, 0, 2, 0, 2])
-    shared = sampler_decode.SharedPrompts(shared_cache, lengths, of_row)
+    _, shared = stored_prompts(weights, [2, 0, 2, 0, 2])
+    of_row, lengths = shared.of_row, shared.lengths
     caches = {mode: torch.zeros(spec.num_layers, 2, 5, spec.num_kv_heads, 8, spec.head_dim) for mode in "10"}
     positions = lengths[of_row].clone()
     for step in range(4):

@@ -179,6 +179,23 @@ def test_prompts_with_a_shared_prefix_prefill_as_each_alone(make: Any) -> None:
         torch.testing.assert_close(sampler_model.logits(weights, hidden), reference, atol=1e-4, rtol=0)
 
 
+PROMPTS = [[5, 17, 300, 9, 44, 1000, 7], [12, 8, 100, 2000], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
+"""Three prompts of lengths 7, 4 and 11."""
+
+
+def stored_prompts(
+    weights: sampler_model.DecoderWeights, of_row: list[int]
+) -> tuple[list[torch.Tensor], sampler_decode.SharedPrompts]:
+    """``PROMPTS``' K/V (prefilled) and a prompt pool holding each once, continued by decode rows ``of_row``."""
+    spec = weights.spec
+    kvs = sampler_model.prefill(weights, PROMPTS, torch.float32).kv
+    cache = torch.zeros(spec.num_layers, 2, len(PROMPTS), spec.num_kv_heads, 16, spec.head_dim)
+    for slot, kv in enumerate(kvs):
+        cache[:, :, slot, :, : kv.shape[3]] = kv
+    lengths = torch.tensor([len(p) for p in PROMPTS])
+    return kvs, sampler_decode.SharedPrompts(cache, lengths, torch.tensor(of_row))
+
+
 @pytest.mark.parametrize(
     "of_row",
     [[2, 0, 2, 0, 2], [0, 1, 2], [0, 2]],
@@ -196,16 +213,11 @@ def test_shared_prompt_decode_equals_per_sequence_copies(qwen3: Any, of_row: lis
     """
     weights = _weights(qwen3).decoder
     spec = weights.spec
-    prompts = [[5, 17, 300, 9, 44, 1000, 7], [12, 8, 100, 2000], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
-    kvs = sampler_model.prefill(weights, prompts, torch.float32).kv
-    lengths = torch.tensor([len(p) for p in prompts])
+    kvs, shared = stored_prompts(weights, of_row)
+    lengths = shared.lengths
     copies = torch.zeros(spec.num_layers, 2, len(of_row), spec.num_kv_heads, 32, spec.head_dim)
     for row, prompt in enumerate(of_row):
-        copies[:, :, row, :, : len(prompts[prompt])] = kvs[prompt]
-    shared_cache = torch.zeros(spec.num_layers, 2, len(prompts), spec.num_kv_heads, 16, spec.head_dim)
-    for slot, kv in enumerate(kvs):
-        shared_cache[:, :, slot, :, : kv.shape[3]] = kv
-    shared = sampler_decode.SharedPrompts(shared_cache, lengths, torch.tensor(of_row))
+        copies[:, :, row, :, : int(lengths[prompt])] = kvs[prompt]
     own = torch.zeros(spec.num_layers, 2, len(of_row), spec.num_kv_heads, 8, spec.head_dim)
     positions = lengths[of_row].clone()
     for step in range(3):
