@@ -43,31 +43,6 @@ def _rss() -> int:
     return 0
 
 
-def _storages(root: object) -> dict[int, int]:
-    import torch
-
-    found: dict[int, int] = {}
-    seen: set[int] = set()
-    stack = [root]
-    while stack:
-        item = stack.pop()
-        if id(item) in seen or item is None or isinstance(item, (str, int, float, bool, torch.dtype, torch.device)):
-            continue
-        seen.add(id(item))
-        if isinstance(item, torch.Tensor):
-            if item.is_mkldnn:
-                found[id(item)] = item.numel() * item.element_size()
-            else:
-                found[item.untyped_storage().data_ptr()] = item.untyped_storage().nbytes()
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-        elif hasattr(item, "__dict__"):
-            stack.extend(vars(item).values())
-    return found
-
-
 def random_adapter(state: dict[str, Any], rank: int, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
     import torch
 
@@ -99,6 +74,7 @@ def main() -> None:
     import torch
 
     import tinker_cookbook
+    from tinker_cookbook.engine import sampler_lora
     from tinker_cookbook.engine.models import load_model
     from tinker_cookbook.engine.sampler import SamplerEngine, SamplingWeights
     from tinker_cookbook.tinker import types
@@ -119,8 +95,8 @@ def main() -> None:
         after_base = _rss()
         built = [SamplingWeights.build(hf.config, state, a, c, dtype, lora_mode=mode) for a, c in adapters]
         grown = _rss() - after_base
-        base_storages = _storages(base)
-        own = [sum(b for p, b in _storages(w).items() if p not in base_storages) for w in built]
+        base_storages = sampler_lora.held_storages(base)
+        own = [sum(b for p, b in sampler_lora.held_storages(w).items() if p not in base_storages) for w in built]
         snapshots[mode] = [base, *built]
         print(f"(a) {mode:8s}: base {(after_base - start) / 2**20:7.1f} MiB RSS; per extra snapshot "
               f"{sum(own) / len(own) / 2**20:7.1f} MiB held, {grown / len(built) / 2**20:7.1f} MiB RSS growth")

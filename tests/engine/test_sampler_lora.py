@@ -248,48 +248,22 @@ def test_rows_of_several_adapters_equal_each_adapter_alone(
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _storages(root: object) -> dict[int, int]:
-    """``{storage address (or packed tensor's id): bytes}`` of every tensor reachable from ``root`` through dataclass fields, attributes,
-    lists, tuples and dicts."""
-    found: dict[int, int] = {}
-    seen: set[int] = set()
-    stack = [root]
-    while stack:
-        item = stack.pop()
-        if id(item) in seen or item is None or isinstance(item, (str, int, float, bool, torch.dtype, torch.device)):
-            continue
-        seen.add(id(item))
-        if isinstance(item, torch.Tensor):
-            if item.is_mkldnn:  # a packed weight: opaque, no storage to share; the tensor object is the identity
-                found[id(item)] = item.numel() * item.element_size()
-            else:
-                storage = item.untyped_storage()
-                found[storage.data_ptr()] = storage.nbytes()
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-        elif hasattr(item, "__dict__"):
-            stack.extend(vars(item).values())
-    return found
-
-
 def test_unmerged_snapshots_hold_only_their_factors(snapshots: dict[str, Any]) -> None:
     """Three unmerged snapshots beside the base hold no weight of their own but their LoRA factors; three merged
     snapshots each hold a full copy of the adapted matmuls (the count would see one)."""
     unmerged, merged = snapshots["unmerged"], snapshots["merged"]
-    base = _storages(unmerged[0])
+    base = sampler_lora.held_storages(unmerged[0])
     base_bytes = sum(base.values())
     for weights, (adapter_state, _) in zip(unmerged[1:], snapshots["adapters"], strict=True):
         assert weights.decoder is unmerged[0].decoder and weights.adapter is not None
-        own = {ptr: size for ptr, size in _storages(weights).items() if ptr not in base}
+        own = {ptr: size for ptr, size in sampler_lora.held_storages(weights).items() if ptr not in base}
         assert sum(own.values()) == weights.adapter.num_bytes()
         # The factors as PEFT holds them, at most 3x: A stacked as is, B block-diagonal over at most 3 parts
         # (q|k|v), the unembedding's B in two layouts.
         factors = sum(t.numel() * 4 for t in adapter_state.values())
         assert weights.adapter.num_bytes() <= 3 * factors < base_bytes
     for weights in merged[1:]:
-        own = {ptr: size for ptr, size in _storages(weights).items() if ptr not in _storages(merged[0])}
+        own = {ptr: size for ptr, size in sampler_lora.held_storages(weights).items() if ptr not in sampler_lora.held_storages(merged[0])}
         matmuls = sum(
             getattr(layer, name).num_bytes() for layer in weights.decoder.layers for name in ("qkv", "o_proj")
         )

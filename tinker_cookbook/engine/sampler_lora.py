@@ -107,6 +107,33 @@ def shared_base(
     )
 
 
+def held_storages(root: object) -> dict[int, int]:
+    """``{storage address (or a packed tensor's id): bytes}`` of every tensor reachable from ``root`` (a snapshot's
+    weights) through dataclass fields, attributes, lists, tuples and dicts: what it holds, and what it shares with
+    another snapshot (the same addresses)."""
+    found: dict[int, int] = {}
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen or item is None or isinstance(item, (str, int, float, bool, torch.dtype, torch.device)):
+            continue
+        seen.add(id(item))
+        if isinstance(item, torch.Tensor):
+            if item.is_mkldnn:  # a packed weight: opaque, no storage to share; the tensor object is the identity
+                found[id(item)] = item.numel() * item.element_size()
+            else:
+                storage = item.untyped_storage()
+                found[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif hasattr(item, "__dict__"):
+            stack.extend(vars(item).values())
+    return found
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Adapters
 # --------------------------------------------------------------------------------------------------------------
