@@ -18,10 +18,11 @@ into a temporary directory). Runs of the two trees alternate (``--reps`` rounds)
     The HF baseline is ``generate`` in fp32 on the same prompts, left-padded into one batch.
 (b) Batch-1 decode tokens/s next to its memory-bandwidth bound: the bytes read per decoded token (every matmul
     weight and norm once, the unembedding included, plus the K/V of the positions attended to, averaged over the
-    measured tokens) over the measured memory bandwidth, the larger of a large tensor copy's (bytes read + written
-    per second) and a large tensor sum's (bytes read per second), with the process's torch threads (``--threads``;
-    the sampler runs batch-1 steps on one thread of its own where it can, see ``engine/threads.py``: the bound
-    still counts the bandwidth of all of them).
+    measured tokens) over the measured memory bandwidth: the largest of a 512 MiB tensor copy's (bytes read +
+    written per second), a 512 MiB tensor sum's and the compiled one-row matmul's over a 512 MiB weight (bytes read
+    per second; where the tree has it), each the best of before and after the rounds, with the process's torch
+    threads (``--threads``; the sampler runs a batch-1 step's torch ops on one thread of its own where it can, see
+    ``engine/threads.py``, and its matmuls on all of them: the bound counts the bandwidth of all of them).
 
 Modes: ``default`` (the sampler's default precision on this machine), ``fp32`` and ``bf16``
 (``$TINKER_COOKBOOK_SAMPLER_DTYPE``). Not a test: the machine may be shared and noisy; compare figures within one
@@ -108,6 +109,41 @@ def read_bandwidth_gbs() -> float:
         source.sum()
         best = min(best, time.perf_counter() - start)
     return source.numel() * 4 / best / 1e9
+
+
+def matmul_read_bandwidth_gbs() -> float | None:
+    """Bytes read per second by this tree's compiled one-row matmul over a 512 MiB packed weight, on all of the
+    process's threads (best of 5), or None where it does not run here. It streams memory faster than a torch sum on
+    some machines, so a decode bound that left it out would be too loose."""
+    import torch
+
+    try:
+        from tinker_cookbook.engine import decode_kernel, frozen_linear
+    except ImportError:
+        return None
+    if not frozen_linear.can_pack(torch.float32):
+        return None
+    packed = frozen_linear.pack(torch.ones(2**16, 2**11), torch.float32)
+    blocked = decode_kernel.blocked(packed)
+    if blocked is None:
+        return None
+    x = torch.ones(1, 2**11)
+    decode_kernel.set_matmul_threads(torch.get_num_threads())
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        decode_kernel.matmul(blocked, None, x)
+        best = min(best, time.perf_counter() - start)
+    return 2**27 * 4 / best / 1e9
+
+
+def measured_bandwidths() -> dict[str, float]:
+    """copy (bytes read + written), sum and matmul (bytes read), GB/s."""
+    found = {"copy": copy_bandwidth_gbs(), "sum": read_bandwidth_gbs()}
+    matmul = matmul_read_bandwidth_gbs()
+    if matmul is not None:
+        found["one-row matmul"] = matmul
+    return found
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -223,11 +259,18 @@ def worker_batch1(model: str, new_tokens: int) -> dict[str, Any]:
         decode_module = sampler_model  # type: ignore[assignment]
     with SamplerEngine() as engine:  # no tokenizer: no EOS stop, always N tokens
         decode_threads: list[int] = []
+        matmul_count: list[int] = []
         spy = decode_module.decode
 
         def counting_decode(*args: Any, **kwargs: Any) -> Any:  # the worker's thread count during a step
             if not decode_threads:
                 decode_threads.append(torch.get_num_threads())
+                try:  # the compiled matmuls' own count (since they stream the weights on several threads)
+                    from tinker_cookbook.engine.decode_kernel import matmul_threads
+
+                    matmul_count.append(matmul_threads())
+                except ImportError:
+                    pass
             return spy(*args, **kwargs)
 
         decode_module.decode = counting_decode  # type: ignore[assignment]
@@ -242,6 +285,7 @@ def worker_batch1(model: str, new_tokens: int) -> dict[str, Any]:
     result = {
         "tokens_per_s": (best[1] - 1) / (best[0] - prefill),
         "decode_threads": decode_threads[0],
+        **({"matmul_threads": matmul_count[0]} if matmul_count else {}),
         "process_threads": torch.get_num_threads(),
         "weight_bytes": weights.decoder.num_bytes(),
         "kv_bytes": attended * per_position,
@@ -431,10 +475,7 @@ def main() -> None:
                 import torch
 
                 torch.set_num_threads(args.threads)
-            copy, read = copy_bandwidth_gbs(), read_bandwidth_gbs()
-            bandwidth = max(copy, read)
-            print(f"  measured bandwidth: copy {copy:.1f} GB/s (read + write), sum {read:.1f} GB/s (read); bound "
-                  f"with {bandwidth:.1f} GB/s")
+            bandwidths = [measured_bandwidths()]
             b1: dict[tuple[str, str], dict[str, Any]] = {}
             for _ in range(args.reps):
                 for mode in modes:
@@ -443,6 +484,13 @@ def main() -> None:
                         key = (name, mode)
                         if key not in b1 or result["tokens_per_s"] > b1[key]["tokens_per_s"]:
                             b1[key] = result
+            # Measured again after the rounds: the machine's bandwidth drifts, and the bound takes the best seen.
+            bandwidths.append(measured_bandwidths())
+            best_of = {kind: max(b[kind] for b in bandwidths) for kind in bandwidths[0]}
+            bandwidth = max(best_of.values())
+            print("  measured bandwidth (best of before and after): "
+                  + ", ".join(f"{kind} {gbs:.1f} GB/s" for kind, gbs in best_of.items())
+                  + f"; bound with {bandwidth:.1f} GB/s")
             for (name, mode), r in b1.items():
                 read_bytes = r["weight_bytes"] + r.get("kv_bytes", 0.0)
                 bound = bandwidth * 1e9 / read_bytes
@@ -451,6 +499,8 @@ def main() -> None:
                 threads_text = (
                     f"; decode on {r['decode_threads']} of {r['process_threads']} threads" if "decode_threads" in r else ""
                 )
+                if "matmul_threads" in r:
+                    threads_text += f" (its matmuls on {r['matmul_threads']})"
                 print(
                     f"  {name:>16} {mode:7s} ({r['dtype']}): {r['tokens_per_s']:6.1f} tok/s; read per token "
                     f"{read_bytes / 1e6:.0f} MB (weights {r['weight_bytes'] / 1e6:.0f}) -> bound {bound:.1f} tok/s "

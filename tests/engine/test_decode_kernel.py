@@ -149,9 +149,10 @@ def test_without_a_compiler_the_torch_decode_runs(
     fresh_library: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(decode_kernel, "_compiler", lambda: None)
-    weights = SamplingWeights.build(_tiny_qwen3().config, _tiny_qwen3().state_dict(), None, None, torch.float32)
     with caplog.at_level(logging.INFO, logger=decode_kernel.__name__):
+        weights = SamplingWeights.build(_tiny_qwen3().config, _tiny_qwen3().state_dict(), None, None, torch.float32)
         assert not decode_kernel.usable(weights.decoder)
+    assert all(layer.qkv.blocked is None for layer in weights.decoder.layers)  # oneDNN's matmuls, too
     assert "no C compiler found" in caplog.text
     with SamplerEngine() as engine:
         response = engine.submit(

@@ -127,3 +127,211 @@ CLONES void tc_attend(float *qkv, int64_t rows, int64_t nh, int64_t nkv, int64_t
         }
     }
 }
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Matmuls of a few rows over a weight in oneDNN's packed fp32 layout, on the calling thread plus helper threads.
+ *
+ * oneDNN packs an fp32 weight [out, in] as blocks of 64 outputs: element (o, i) at (o / 64) * block_stride +
+ * i * 64 + o % 64 (decode_kernel.py checks this layout for each weight shape before using it). A block is one
+ * contiguous stream, and a row's 64 outputs of it are 64 running sums that take one weight vector per input: the
+ * access pattern that reads memory fastest. With one or a few rows the matmul is bound by reading the weight, and
+ * one core does not saturate the memory bus, so the blocks are shared out between the calling thread and helper
+ * threads: each takes the next unclaimed block until none is left. The caller never waits for a block no one has
+ * started, only for blocks a helper is in the middle of, so a helper that is descheduled (a busy machine) costs at
+ * most one block's time, not the whole matmul.
+ * --------------------------------------------------------------------------------------------------------------- */
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#define BLOCK 64
+#define MAX_HELPERS 15
+
+#if defined(__GNUC__) && !defined(__clang__)
+/* Fused multiply-adds, as oneDNN's kernels use: these sums are reordered against torch's anyway. */
+#define CONTRACT __attribute__((optimize("fp-contract=fast")))
+#else
+#define CONTRACT
+#endif
+
+/* y[r, o0 + j] = sum_i x[r, i] * w[i * 64 + j] (+ bias) for j < width, for NR rows (1..4) at once. */
+#define BLOCK_ROWS(NR)                                                                                               \
+    CONTRACT CLONES static void block_rows_##NR(const float *w, const float *x, int64_t in, const float *bias,      \
+                                                float *y, int64_t out, int64_t width) {                            \
+        float acc[NR][BLOCK];                                                                                        \
+        for (int r = 0; r < NR; r++)                                                                                 \
+            for (int j = 0; j < BLOCK; j++) acc[r][j] = 0.0f;                                                        \
+        for (int64_t i = 0; i < in; i++) {                                                                           \
+            const float *wi = w + i * BLOCK;                                                                         \
+            for (int r = 0; r < NR; r++) {                                                                           \
+                float xv = x[r * in + i];                                                                            \
+                for (int j = 0; j < BLOCK; j++) acc[r][j] += wi[j] * xv;                                             \
+            }                                                                                                        \
+        }                                                                                                            \
+        for (int r = 0; r < NR; r++)                                                                                 \
+            for (int64_t j = 0; j < width; j++) y[r * out + j] = bias ? acc[r][j] + bias[j] : acc[r][j];           \
+    }
+BLOCK_ROWS(1)
+BLOCK_ROWS(2)
+BLOCK_ROWS(3)
+BLOCK_ROWS(4)
+
+typedef struct {
+    const float *w, *bias, *x;
+    float *y;
+    int64_t rows, in, out, block_stride, blocks;
+} matmul_job;
+
+/* One block (all rows, four at a time: 4 x 64 running sums fill half of AVX-512's registers). */
+static void run_block(const matmul_job *job, int64_t b) {
+    int64_t o0 = b * BLOCK, width = job->out - o0 < BLOCK ? job->out - o0 : BLOCK;
+    const float *w = job->w + b * job->block_stride, *bias = job->bias ? job->bias + o0 : NULL;
+    for (int64_t r = 0; r < job->rows; r += 4) {
+        const float *x = job->x + r * job->in;
+        float *y = job->y + r * job->out + o0;
+        switch (job->rows - r < 4 ? job->rows - r : 4) {
+        case 1: block_rows_1(w, x, job->in, bias, y, job->out, width); break;
+        case 2: block_rows_2(w, x, job->in, bias, y, job->out, width); break;
+        case 3: block_rows_3(w, x, job->in, bias, y, job->out, width); break;
+        default: block_rows_4(w, x, job->in, bias, y, job->out, width); break;
+        }
+    }
+}
+
+/* The pool: one job at a time (the caller holding pool_lock). `gate` packs the job's generation (bits 17 and up),
+ * whether it is closed to new helpers (bit 16) and how many helpers are working on it (bits 0-15). A helper joins
+ * by incrementing the count while the job is open; the caller closes the job once no block is left and waits for
+ * the count to drop to zero, so it never waits for a helper that has not joined. */
+#define GEN_ONE ((uint64_t)1 << 17)
+#define CLOSED ((uint64_t)1 << 16)
+#define ACTIVE ((uint64_t)0xffff)
+/* How long an idle helper spins before it sleeps: longer than the gap between two matmuls of a decode step
+ * (microseconds), far shorter than a pause between requests. */
+#define SPIN_NS 200000
+
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t sleep_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+static matmul_job pool_job;
+static _Atomic int64_t next_block;
+static _Atomic uint64_t gate;
+static _Atomic int helpers_wanted, sleepers;
+static int helpers_started;
+
+static void take_blocks(const matmul_job *job) {
+    for (;;) {
+        int64_t b = atomic_fetch_add_explicit(&next_block, 1, memory_order_relaxed);
+        if (b >= job->blocks) return;
+        run_block(job, b);
+    }
+}
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static void pause_cpu(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static void *helper_main(void *arg) {
+    int index = (int)(intptr_t)arg;
+    uint64_t seen = atomic_load(&gate) & ~(GEN_ONE - 1);
+    int64_t idle_since = now_ns();
+    for (unsigned spins = 0;; spins++) {
+        uint64_t g = atomic_load(&gate);
+        if ((g & ~(GEN_ONE - 1)) != seen) {
+            seen = g & ~(GEN_ONE - 1);
+            /* Join while the job is open and this helper is one of the ones wanted for it. */
+            while (!(g & CLOSED) && (g & ~(GEN_ONE - 1)) == seen && index < atomic_load(&helpers_wanted)) {
+                if (atomic_compare_exchange_weak(&gate, &g, g + 1)) {
+                    take_blocks(&pool_job);
+                    atomic_fetch_sub(&gate, 1);
+                    break;
+                }
+            }
+            idle_since = now_ns();
+            continue;
+        }
+        pause_cpu();
+        if ((spins & 255) == 0 && now_ns() - idle_since > SPIN_NS) {
+            pthread_mutex_lock(&sleep_lock);
+            atomic_fetch_add(&sleepers, 1);
+            while ((atomic_load(&gate) & ~(GEN_ONE - 1)) == seen) pthread_cond_wait(&wake, &sleep_lock);
+            atomic_fetch_sub(&sleepers, 1);
+            pthread_mutex_unlock(&sleep_lock);
+        }
+    }
+    return NULL;
+}
+
+/* A forked child has none of the parent's helper threads: start again from an empty pool. */
+static void pool_after_fork(void) {
+    pthread_mutex_t fresh_mutex = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t fresh_cond = PTHREAD_COND_INITIALIZER;
+    pool_lock = fresh_mutex;
+    sleep_lock = fresh_mutex;
+    wake = fresh_cond;
+    helpers_started = 0;
+    atomic_store(&gate, 0);
+    atomic_store(&sleepers, 0);
+}
+
+static int ensure_helpers(int count) {
+    static int registered;
+    if (!registered) {
+        pthread_atfork(NULL, NULL, pool_after_fork);
+        registered = 1;
+    }
+    /* Helpers start with every signal blocked (a new thread inherits the mask): Ctrl-C and the like go to the
+     * interpreter's threads, never to a helper. */
+    sigset_t all, saved;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &saved);
+    while (helpers_started < count) {
+        pthread_t thread;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int failed = pthread_create(&thread, &attr, helper_main, (void *)(intptr_t)helpers_started);
+        pthread_attr_destroy(&attr);
+        if (failed) break;
+        helpers_started++;
+    }
+    pthread_sigmask(SIG_SETMASK, &saved, NULL);
+    return helpers_started < count ? helpers_started : count;
+}
+
+/* y [rows, out] = x [rows, in] @ W^T (+ bias) for W packed as described above, on `threads` threads (the caller
+ * and threads - 1 helpers). Another thread's matmul in progress: this one runs on the caller alone. */
+void tc_matmul(const float *w, int64_t block_stride, const float *bias, const float *x, float *y, int64_t rows,
+               int64_t in, int64_t out, int64_t threads) {
+    matmul_job job = {w, bias, x, y, rows, in, out, block_stride, (out + BLOCK - 1) / BLOCK};
+    int64_t wanted = threads - 1 < job.blocks - 1 ? threads - 1 : job.blocks - 1;
+    if (wanted > MAX_HELPERS) wanted = MAX_HELPERS;
+    if (wanted < 1 || pthread_mutex_trylock(&pool_lock) != 0) {
+        for (int64_t b = 0; b < job.blocks; b++) run_block(&job, b);
+        return;
+    }
+    atomic_store(&helpers_wanted, ensure_helpers((int)wanted));
+    pool_job = job;
+    atomic_store(&next_block, 0);
+    /* New generation, open, no helper yet; a sleeping helper is woken (one system call per burst of matmuls). */
+    atomic_store(&gate, (atomic_load(&gate) & ~(GEN_ONE - 1)) + GEN_ONE);
+    if (atomic_load(&sleepers) > 0) {
+        pthread_mutex_lock(&sleep_lock);
+        pthread_cond_broadcast(&wake);
+        pthread_mutex_unlock(&sleep_lock);
+    }
+    take_blocks(&pool_job);
+    atomic_fetch_or(&gate, CLOSED);
+    while (atomic_load(&gate) & ACTIVE) pause_cpu();
+    pthread_mutex_unlock(&pool_lock);
+}

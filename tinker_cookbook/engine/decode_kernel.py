@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 ENV_VAR = "TINKER_COOKBOOK_DECODE_KERNEL"
 _SOURCE = Path(__file__).with_name("decode_kernel.c")
 # -ffp-contract=off: every product and sum rounded on its own, as torch's CPU kernels do.
-_FLAGS = ["-O3", "-std=gnu11", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno"]
+_FLAGS = ["-O3", "-std=gnu11", "-shared", "-fPIC", "-pthread", "-ffp-contract=off", "-fno-math-errno"]
 _MAX_HEAD_DIM = 1024
 
 _P = ctypes.c_void_p
@@ -50,6 +51,7 @@ _SIGNATURES = {
     "tc_silu_mul": [_P, _P, _I, _I],
     "tc_attend": [_P, _I, _I, _I, _I, _P, _F, _P, _P, _P, _F, _P, _P, _I, _I, _I, _P, _P, _P, _I, _I, _I, _P, _P,
                   _P, _P, _P],
+    "tc_matmul": [_P, _I, _P, _P, _P, _I, _I, _I, _I],
 }
 
 _lock = threading.Lock()
@@ -120,6 +122,129 @@ def _load() -> ctypes.CDLL | None:
         function.argtypes = argtypes
         function.restype = None
     return lib
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Matmuls of a few rows (``tc_matmul``)
+# ----------------------------------------------------------------------------------------------------------------
+
+MATMUL_MAX_ROWS = 16
+"""Matmuls of up to this many rows (decode steps, short prompts) read the packed weight in ``tc_matmul``. One
+thread of it streams SmolLM2-135M's weights ~15% faster than oneDNN's packed kernel at 1-16 rows, and two threads
+1.3-1.9x faster (``bench/bench_sampling.py``); larger matmuls are compute-bound, where oneDNN is the faster."""
+
+_BLOCK = 64
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """Where ``tc_matmul`` finds a packed fp32 weight ``[out, in]``: element (o, i) at ``address`` + 4 floats x
+    ((o // 64) * stride + i * 64 + o % 64)."""
+
+    address: int
+    stride: int
+    out_features: int
+    in_features: int
+
+
+_layout_lock = threading.Lock()
+_layouts: dict[tuple[int, int], int | None] = {}
+_thread_counts = threading.local()
+
+
+def _packed_floats(packed: torch.Tensor) -> torch.Tensor:
+    """The fp32 data of an opaque oneDNN tensor, as a flat tensor viewing it (valid while ``packed`` lives)."""
+    count = torch.ops.mkldnn._nbytes(packed) // 4
+    return torch.frombuffer((ctypes.c_float * count).from_address(torch.ops.mkldnn.data_ptr(packed)), dtype=torch.float32)
+
+
+def _block_stride(out_features: int, in_features: int) -> int | None:
+    """The block stride of oneDNN's packing of an fp32 ``[out, in]`` weight when it is the layout ``tc_matmul``
+    reads, else None. The layout depends on the shape (and the CPU), not on the values, so it is checked once per
+    shape on weights whose every element holds its own row (then column) index."""
+    from tinker_cookbook.engine import frozen_linear
+
+    blocks = -(-out_features // _BLOCK)
+    o = torch.arange(out_features, dtype=torch.float32)[:, None].expand(out_features, in_features)
+    i = torch.arange(in_features, dtype=torch.float32)[None, :].expand(out_features, in_features)
+    packed = [frozen_linear.pack(index, torch.float32) for index in (o, i)]  # alive while viewed below
+    rows, cols = (_packed_floats(p) for p in packed)
+    stride = rows.numel() // blocks
+    if rows.numel() != blocks * stride or stride < in_features * _BLOCK:
+        return None
+    # Block b as [in, 64]: entry (i, j) must hold output b * 64 + j (where that output exists) and input i.
+    padded = blocks * _BLOCK
+    rows_seen = rows.view(blocks, stride)[:, : in_features * _BLOCK].view(blocks, in_features, _BLOCK)
+    cols_seen = cols.view(blocks, stride)[:, : in_features * _BLOCK].view(blocks, in_features, _BLOCK)
+    real = torch.arange(padded).view(blocks, 1, _BLOCK) < out_features
+    want_rows = torch.arange(padded, dtype=torch.float32).view(blocks, 1, _BLOCK)
+    want_cols = torch.arange(in_features, dtype=torch.float32).view(1, in_features, 1)
+    ok = bool(((rows_seen == want_rows) | ~real).all()) and bool(((cols_seen == want_cols) | ~real).all())
+    return stride if ok else None
+
+
+def blocked(packed: torch.Tensor) -> Blocked | None:
+    """``tc_matmul``'s view of an fp32 weight packed by ``frozen_linear.pack`` on CPU, or None where it cannot read
+    it (another layout, exact indices out of fp32's range, the library not built here)."""
+    out_features, in_features = packed.shape
+    if packed.dtype != torch.float32 or max(out_features, in_features) >= 2**24 or library() is None:
+        return None
+    with _layout_lock:
+        key = (out_features, in_features)
+        if key not in _layouts:
+            try:
+                _layouts[key] = _block_stride(out_features, in_features)
+            except (RuntimeError, AttributeError) as error:  # no oneDNN data access in this torch build
+                logger.info("oneDNN's packed layout is not readable here (%s): decode matmuls stay oneDNN's", error)
+                _layouts[key] = None
+        stride = _layouts[key]
+    if stride is None:
+        return None
+    return Blocked(torch.ops.mkldnn.data_ptr(packed), stride, out_features, in_features)
+
+
+def set_matmul_threads(count: int) -> None:
+    """Threads for this thread's ``matmul`` calls (the caller plus ``count - 1`` helpers); by default
+    ``torch.get_num_threads()`` at the call. The sampler's worker runs small decode steps' torch ops on one thread
+    of its own and sets here the count its steps' matmuls may use."""
+    _thread_counts.count = max(1, count)
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+_CPUS = _cpus()
+
+
+def matmul_threads() -> int:
+    """How many threads this thread's ``matmul`` calls use."""
+    return min(getattr(_thread_counts, "count", 0) or torch.get_num_threads(), _CPUS)
+
+
+def matmul(weight: Blocked, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """``x [rows, in] @ Wᵀ (+ bias)`` in fp32 for rows <= ``MATMUL_MAX_ROWS`` (fp32 rounding; sums in another order
+    than oneDNN's), on up to ``set_matmul_threads`` threads, never more than the CPUs this process may use."""
+    lib = library()
+    assert lib is not None
+    if not x.is_contiguous():
+        x = x.contiguous()
+    rows = x.shape[0]
+    out = torch.empty(rows, weight.out_features)
+    threads = matmul_threads()
+    lib.tc_matmul(
+        weight.address, weight.stride, None if bias is None else bias.data_ptr(), x.data_ptr(), out.data_ptr(),
+        rows, weight.in_features, weight.out_features, threads,
+    )
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The decode step
+# ----------------------------------------------------------------------------------------------------------------
 
 
 def usable(weights: DecoderWeights) -> bool:

@@ -57,7 +57,7 @@ from typing import Any, Self
 import torch
 import transformers
 
-from tinker_cookbook.engine import sampler_decode, sampler_lora, sampler_model, vision
+from tinker_cookbook.engine import decode_kernel, sampler_decode, sampler_lora, sampler_model, vision
 from tinker_cookbook.engine.exit_hooks import CloseAtExit
 from tinker_cookbook.engine.sampler_batch import (
     KVPool,
@@ -369,6 +369,8 @@ class SamplerEngine:
 
     def _run(self) -> None:
         self._threads = LocalThreads()
+        # Small decode steps run their torch ops on one thread (``_use_threads``); their matmuls may use them all.
+        decode_kernel.set_matmul_threads(self._threads.full)
         with torch.inference_mode():
             while True:
                 with self._cond:

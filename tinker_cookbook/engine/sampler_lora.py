@@ -296,7 +296,7 @@ def _updated(linear: Linear, updates: list[tuple[LowRank | None, Rows]]) -> Line
     present = tuple((u, rows) for u, rows in updates if u is not None)
     if not present:
         return linear
-    return _UpdatedLinear(linear.weight, linear.bias, linear.packed, present)
+    return _UpdatedLinear(linear.weight, linear.bias, linear.packed, linear.blocked, present)
 
 
 @dataclass
