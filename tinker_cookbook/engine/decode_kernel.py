@@ -1,14 +1,20 @@
 """A sampler decode step whose element-wise work is compiled C (``decode_kernel.c``), for fp32 on CPU.
 
 A batch-1 decode step of SmolLM2-135M in torch is ~1,000 calls of a few microseconds each, and on this kind of CPU
-those calls, not the weights' memory traffic, took a third of the step. Here each layer is four matmuls (torch's,
-oneDNN's packed kernels, LoRA updates included) and four calls into a small C library: add-residual + RMSNorm,
-q/k norms + rotary embedding + K/V cache write + attention over the cache, add-residual + RMSNorm, SiLU·up.
+those calls, not the weights' memory traffic, took a third of the step. Here each layer is four matmuls (LoRA
+updates included) and four calls into a small C library: add-residual + RMSNorm, q/k norms + rotary embedding + K/V
+cache write + attention over the cache, add-residual + RMSNorm, SiLU·up.
+
+The same library does the matmuls of up to ``MATMUL_MAX_ROWS`` rows (``matmul``, through ``sampler_model.Linear``):
+it reads the weight in the layout oneDNN packed it in (checked per shape), so no second copy is held, and shares its
+blocks of 64 outputs between the calling thread and helper threads. A batch-1 step is bound by reading the weights,
+and one core does not saturate the memory bus. Larger matmuls (prefill, big decode batches) stay oneDNN's.
 
 The library is compiled on first use with the system C compiler (``$CC``, else ``cc``) and cached under
 ``cache_dir()/kernels`` by a hash of its source, flags and compiler; where no compiler works the sampler keeps its
-torch decode (logged once). ``TINKER_COOKBOOK_DECODE_KERNEL=0`` turns the kernel off (``1``: on, the default).
-Results equal the torch decode to fp32 rounding (``tests/engine/test_decode_kernel.py``).
+torch decode and oneDNN's matmuls (logged once). ``TINKER_COOKBOOK_DECODE_KERNEL=0`` turns both off (``1``: on, the
+default). Results equal the torch decode to fp32 rounding (``tests/engine/test_decode_kernel.py``,
+``tests/engine/test_decode_matmul.py``).
 """
 
 from __future__ import annotations
