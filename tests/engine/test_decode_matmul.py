@@ -83,6 +83,9 @@ def test_more_rows_than_the_limit_go_to_onednn(monkeypatch: pytest.MonkeyPatch) 
         x = torch.randn(rows, 64)
         _check(linear.raw(x), x, weight, None)
     assert calls == [1, decode_kernel.MATMUL_MAX_ROWS]
+    assert linear.blocked is not None
+    with pytest.raises(ValueError, match=r"fp32 \[rows, 64\]"):  # a width the C code would read past
+        real(linear.blocked, None, torch.randn(1, 63))
     monkeypatch.setenv(decode_kernel.ENV_VAR, "0")  # the switch turns these matmuls off too
     linear.raw(torch.randn(1, 64))
     assert calls == [1, decode_kernel.MATMUL_MAX_ROWS]

@@ -236,6 +236,9 @@ def matmul(weight: Blocked, bias: torch.Tensor | None, x: torch.Tensor) -> torch
     than oneDNN's), on up to ``set_matmul_threads`` threads, never more than the CPUs this process may use."""
     lib = library()
     assert lib is not None
+    if x.dim() != 2 or x.shape[1] != weight.in_features or x.dtype != torch.float32:
+        # The C code reads rows x in floats: anything else would read past the input.
+        raise ValueError(f"matmul takes fp32 [rows, {weight.in_features}], got {x.dtype} {list(x.shape)}")
     if not x.is_contiguous():
         x = x.contiguous()
     rows = x.shape[0]

@@ -98,7 +98,8 @@ class Linear:
         # Conversions only when needed: a decode step makes ~4 calls per layer, each torch call costs microseconds.
         if x.dtype != self.weight.dtype:
             x = x.to(self.weight.dtype)
-        if self.blocked is not None and x.shape[0] <= decode_kernel.MATMUL_MAX_ROWS and decode_kernel.enabled():
+        few_rows = x.dim() == 2 and x.shape[0] <= decode_kernel.MATMUL_MAX_ROWS
+        if self.blocked is not None and few_rows and decode_kernel.enabled():
             return decode_kernel.matmul(self.blocked, self.bias, x)
         if self.packed:
             if not x.is_contiguous():
