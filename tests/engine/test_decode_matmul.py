@@ -58,15 +58,16 @@ def _raw_matmul(linear: Linear, x: torch.Tensor, threads: int) -> torch.Tensor:
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"{o}x{i}" for o, i in SHAPES])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
 def test_every_row_count_and_thread_count_matches_float64(shape: tuple[int, int], with_bias: bool) -> None:
-    """Rows 1..16 (one to four groups of four, every remainder) on 1, 2 and 3 threads: within the rounding bound
-    of each output's dot product. A misread layout or a dropped or doubled block is off by O(1)."""
+    """Rows 1..17 (one to five groups of four, every remainder), 31, 64 and the limit, on 1, 2 and 3 threads:
+    within the rounding bound of each output's dot product. A misread layout or a dropped or doubled block is off
+    by O(1)."""
     generator = torch.Generator().manual_seed(sum(shape))
     out_features, in_features = shape
     weight = torch.randn(out_features, in_features, generator=generator)
     bias = torch.randn(out_features, generator=generator) if with_bias else None
     linear = Linear.of(weight, bias)
     assert linear.blocked is not None, "oneDNN's packed fp32 layout was not recognised"
-    for rows in range(1, decode_kernel.MATMUL_MAX_ROWS + 1):
+    for rows in [*range(1, 18), 31, 64, decode_kernel.MATMUL_MAX_ROWS]:
         x = torch.randn(rows, in_features, generator=generator)
         _check(linear.raw(x), x, weight, bias)
         for threads in (1, 2, 3):

@@ -134,10 +134,11 @@ def _load() -> ctypes.CDLL | None:
 # Matmuls of a few rows (``tc_matmul``)
 # ----------------------------------------------------------------------------------------------------------------
 
-MATMUL_MAX_ROWS = 16
-"""Matmuls of up to this many rows (decode steps, short prompts) read the packed weight in ``tc_matmul``. One
-thread of it streams SmolLM2-135M's weights ~15% faster than oneDNN's packed kernel at 1-16 rows, and two threads
-1.3-1.9x faster (``bench/bench_sampling.py``); larger matmuls are compute-bound, where oneDNN is the faster."""
+MATMUL_MAX_ROWS = 128
+"""Matmuls of up to this many rows (decode steps, short prompts) read the packed weight in ``tc_matmul``. On
+SmolLM2-135M's weights, one thread of it streams them ~15% faster than oneDNN's packed kernel at 1-16 rows and two
+threads 1.3-1.9x faster; up to 128 rows two threads of it still beat oneDNN's on two threads by 3-13%, and from
+~256 rows (compute-bound: prefill) oneDNN's is the faster by 6-8% (``bench/bench_sampling.py``)."""
 
 _BLOCK = 64
 
@@ -161,7 +162,8 @@ _thread_counts = threading.local()
 def _packed_floats(packed: torch.Tensor) -> torch.Tensor:
     """The fp32 data of an opaque oneDNN tensor, as a flat tensor viewing it (valid while ``packed`` lives)."""
     count = torch.ops.mkldnn._nbytes(packed) // 4
-    return torch.frombuffer((ctypes.c_float * count).from_address(torch.ops.mkldnn.data_ptr(packed)), dtype=torch.float32)
+    floats = (ctypes.c_float * count).from_address(torch.ops.mkldnn.data_ptr(packed))
+    return torch.frombuffer(floats, dtype=torch.float32)
 
 
 def _block_stride(out_features: int, in_features: int) -> int | None:
