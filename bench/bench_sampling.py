@@ -123,8 +123,9 @@ def matmul_read_bandwidth_gbs() -> float | None:
         return None
     if not frozen_linear.can_pack(torch.float32):
         return None
-    packed = frozen_linear.pack(torch.ones(2**16, 2**11), torch.float32)
-    blocked = decode_kernel.blocked(packed)
+    weight = torch.ones(2**16, 2**11)
+    packed = frozen_linear.pack(weight, torch.float32)
+    blocked = decode_kernel.blocked(packed, weight)
     if blocked is None:
         return None
     x = torch.ones(1, 2**11)

@@ -55,9 +55,19 @@ def _raw_matmul(linear: Linear, x: torch.Tensor, threads: int) -> torch.Tensor:
     return out.clone()  # the output as it was on return, not after a late helper wrote to it
 
 
+@pytest.fixture(params=["shape-probe", "own-values"])
+def layout_check(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Small weights have their shape's layout probed once; large ones are checked on their own values: both."""
+    if request.param == "own-values":
+        monkeypatch.setattr(decode_kernel, "_INDEX_PROBE_MAX", 0)
+    return str(request.param)
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"{o}x{i}" for o, i in SHAPES])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
-def test_every_row_count_and_thread_count_matches_float64(shape: tuple[int, int], with_bias: bool) -> None:
+def test_every_row_count_and_thread_count_matches_float64(
+    shape: tuple[int, int], with_bias: bool, layout_check: str
+) -> None:
     """Rows 1..17 (one to five groups of four, every remainder), 31, 64 and the limit, on 1, 2 and 3 threads:
     within the rounding bound of each output's dot product. A misread layout or a dropped or doubled block is off
     by O(1)."""
@@ -92,7 +102,7 @@ def test_more_rows_than_the_limit_go_to_onednn(monkeypatch: pytest.MonkeyPatch) 
     assert calls == [1, decode_kernel.MATMUL_MAX_ROWS]
 
 
-def test_a_layout_other_than_the_one_read_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_layout_other_than_the_one_read_is_refused(monkeypatch: pytest.MonkeyPatch, layout_check: str) -> None:
     """The layout check is live: expecting blocks of 32 outputs (which oneDNN does not use here) finds no match,
     and the Linear keeps oneDNN's matmul. bf16 packed weights are never read."""
     monkeypatch.setattr(decode_kernel, "_layouts", {})

@@ -166,46 +166,68 @@ def _packed_floats(packed: torch.Tensor) -> torch.Tensor:
     return torch.frombuffer(floats, dtype=torch.float32)
 
 
-def _block_stride(out_features: int, in_features: int) -> int | None:
-    """The block stride of oneDNN's packing of an fp32 ``[out, in]`` weight when it is the layout ``tc_matmul``
-    reads, else None. The layout depends on the shape (and the CPU), not on the values, so it is checked once per
-    shape on weights whose every element holds its own row (then column) index."""
+_INDEX_PROBE_MAX = 2**22
+"""Weights of up to this many elements have their shape's layout checked once on index weights (a cheap probe);
+larger ones are checked on their own values, which needs no probe copies of a large weight."""
+
+
+def _block_view(flat: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor | None:
+    """Packed data ``flat`` as ``[blocks, in, 64]`` (what ``tc_matmul`` reads: entry (b, i, j) is its weight
+    element (b * 64 + j, i)), or None when its size does not fit that layout."""
+    blocks = -(-out_features // _BLOCK)
+    stride = flat.numel() // blocks
+    if flat.numel() != blocks * stride or stride < in_features * _BLOCK:
+        return None
+    return flat.view(blocks, stride)[:, : in_features * _BLOCK].view(blocks, in_features, _BLOCK)
+
+
+def _holds(view: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether every entry ``tc_matmul`` reads from ``view`` (``_block_view``) equals the weight element it stands
+    for. Where it does, the matmul is exact for this weight whatever the packing was."""
+    out_features, in_features = weight.shape
+    full = out_features // _BLOCK
+    whole = weight[: full * _BLOCK].view(full, _BLOCK, in_features).transpose(1, 2)
+    if not torch.equal(view[:full], whole):
+        return False
+    rest = out_features - full * _BLOCK
+    return rest == 0 or torch.equal(view[full, :, :rest], weight[full * _BLOCK :].T)
+
+
+def _shape_stride(out_features: int, in_features: int) -> int | None:
+    """The block stride of oneDNN's packing of fp32 ``[out, in]`` weights when it is the layout ``tc_matmul`` reads,
+    else None. The layout depends on the shape (and the CPU), not on the values: checked on weights whose every
+    element holds its own row (then column) index, exact in fp32 at these sizes."""
     from tinker_cookbook.engine import frozen_linear
 
-    blocks = -(-out_features // _BLOCK)
     o = torch.arange(out_features, dtype=torch.float32)[:, None].expand(out_features, in_features)
     i = torch.arange(in_features, dtype=torch.float32)[None, :].expand(out_features, in_features)
-    packed = [frozen_linear.pack(index, torch.float32) for index in (o, i)]  # alive while viewed below
-    rows, cols = (_packed_floats(p) for p in packed)
-    stride = rows.numel() // blocks
-    if rows.numel() != blocks * stride or stride < in_features * _BLOCK:
-        return None
-    # Block b as [in, 64]: entry (i, j) must hold output b * 64 + j (where that output exists) and input i.
-    padded = blocks * _BLOCK
-    rows_seen = rows.view(blocks, stride)[:, : in_features * _BLOCK].view(blocks, in_features, _BLOCK)
-    cols_seen = cols.view(blocks, stride)[:, : in_features * _BLOCK].view(blocks, in_features, _BLOCK)
-    real = torch.arange(padded).view(blocks, 1, _BLOCK) < out_features
-    want_rows = torch.arange(padded, dtype=torch.float32).view(blocks, 1, _BLOCK)
-    want_cols = torch.arange(in_features, dtype=torch.float32).view(1, in_features, 1)
-    ok = bool(((rows_seen == want_rows) | ~real).all()) and bool(((cols_seen == want_cols) | ~real).all())
-    return stride if ok else None
+    for index in (o, i):
+        packed = frozen_linear.pack(index, torch.float32)  # alive while viewed
+        view = _block_view(_packed_floats(packed), out_features, in_features)
+        if view is None or not _holds(view, index.contiguous()):
+            return None
+    return view.stride(0)
 
 
-def blocked(packed: torch.Tensor) -> Blocked | None:
-    """``tc_matmul``'s view of an fp32 weight packed by ``frozen_linear.pack`` on CPU, or None where it cannot read
-    it (another layout, exact indices out of fp32's range, the library not built here)."""
-    out_features, in_features = packed.shape
-    if packed.dtype != torch.float32 or max(out_features, in_features) >= 2**24 or library() is None:
+def blocked(packed: torch.Tensor, weight: torch.Tensor) -> Blocked | None:
+    """``tc_matmul``'s view of ``packed``, the fp32 ``weight`` packed by ``frozen_linear.pack`` on CPU, or None
+    where it cannot read it (another layout, the library not built here)."""
+    out_features, in_features = weight.shape
+    if packed.dtype != torch.float32 or weight.dtype != torch.float32 or library() is None:
         return None
-    with _layout_lock:
-        key = (out_features, in_features)
-        if key not in _layouts:
-            try:
-                _layouts[key] = _block_stride(out_features, in_features)
-            except (RuntimeError, AttributeError) as error:  # no oneDNN data access in this torch build
-                logger.info("oneDNN's packed layout is not readable here (%s): decode matmuls stay oneDNN's", error)
-                _layouts[key] = None
-        stride = _layouts[key]
+    try:
+        if out_features * in_features > _INDEX_PROBE_MAX:
+            view = _block_view(_packed_floats(packed), out_features, in_features)
+            stride = view.stride(0) if view is not None and _holds(view, weight) else None
+        else:
+            with _layout_lock:
+                key = (out_features, in_features)
+                if key not in _layouts:
+                    _layouts[key] = _shape_stride(out_features, in_features)
+                stride = _layouts[key]
+    except (RuntimeError, AttributeError) as error:  # no oneDNN data access in this torch build
+        logger.info("oneDNN's packed layout is not readable here (%s): decode matmuls stay oneDNN's", error)
+        return None
     if stride is None:
         return None
     return Blocked(torch.ops.mkldnn.data_ptr(packed), stride, out_features, in_features)

@@ -90,7 +90,7 @@ class Linear:
             bias = bias.to(weight.dtype).contiguous()
         if weight.dtype in (torch.bfloat16, torch.float32) and cpu and frozen_linear.can_pack(weight.dtype):
             packed = frozen_linear.pack(weight, weight.dtype)
-            return cls(packed, bias, packed=True, blocked=decode_kernel.blocked(packed))
+            return cls(packed, bias, packed=True, blocked=decode_kernel.blocked(packed, weight))
         return cls(weight, bias)
 
     def raw(self, x: torch.Tensor) -> torch.Tensor:
