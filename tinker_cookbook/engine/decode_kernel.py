@@ -201,12 +201,14 @@ def _shape_stride(out_features: int, in_features: int) -> int | None:
 
     o = torch.arange(out_features, dtype=torch.float32)[:, None].expand(out_features, in_features)
     i = torch.arange(in_features, dtype=torch.float32)[None, :].expand(out_features, in_features)
+    strides = set()
     for index in (o, i):
         packed = frozen_linear.pack(index, torch.float32)  # alive while viewed
         view = _block_view(_packed_floats(packed), out_features, in_features)
         if view is None or not _holds(view, index.contiguous()):
             return None
-    return view.stride(0)
+        strides.add(view.stride(0))
+    return strides.pop() if len(strides) == 1 else None
 
 
 def blocked(packed: torch.Tensor, weight: torch.Tensor) -> Blocked | None:
