@@ -73,8 +73,9 @@ class Linear:
     F.linear re-lays out a bf16 weight for the AMX/AVX-512 kernels on every call; packing it once per snapshot
     makes decode-sized matmuls 25-50% faster with bit-identical results. In fp32, oneDNN's packed kernels are
     2-5x faster than F.linear where the BLAS behind it does not use AVX-512 (the probe and the packing are
-    ``frozen_linear``'s, shared with training). Matmuls of a few rows of a packed fp32 weight read it in
-    ``decode_kernel.matmul`` (``blocked``), which streams it faster than oneDNN and on more than one thread.
+    ``frozen_linear``'s, shared with training). Matmuls of up to ``decode_kernel.MATMUL_MAX_ROWS`` rows of a
+    packed fp32 weight read it in ``decode_kernel.matmul`` (``blocked``), faster than oneDNN at those sizes and on
+    every thread the caller may use.
     """
 
     weight: torch.Tensor
