@@ -7,11 +7,28 @@ Also the rule for a shared prefix that the sampler's prefill uses too (``shared_
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
 LOGPROB_CHUNK_TOKENS = 256
+"""Target positions per unembedding chunk: each chunk's fp32 logits ([chunk, vocabulary]) exist only while its loss
+is backpropagated, so the full-vocabulary logits of a batch never exist at once. ``logprob_chunk_tokens`` may pick
+``CACHED_CHUNK_TOKENS`` instead on a CPU."""
+CACHED_CHUNK_TOKENS = 128
+"""The chunk on a CPU whose last-level cache holds that many rows of fp32 logits (with room to spare, see
+``logprob_chunk_tokens``). A chunk's logits are swept five times after the matmul writes them (LoRA's add,
+log-softmax's maximum, sum and write, the backward's softmax in place) and read by the three backward matmuls; when
+they stay in the cache those sweeps stop going to memory. Measured on SmolLM2-135M's head (vocabulary 49152, hidden
+576, LoRA r32, forward + backward of 2048 tokens, one thread, 32 MiB L3): 128 rows 1.66-1.70 s, 160 1.64, 192 1.90,
+256 2.00-2.07, 64 1.76-1.80; two threads: 128 0.96 s against 1.16 for 256. With a vocabulary too large for the
+cache (Qwen3's 151936, hidden 1024) smaller chunks only lose matmul efficiency: 256 rows 2.35 s, 128 2.48, 32 2.56
+per 1024 tokens (two threads), so 256 stays there."""
+CACHE_FILL = 0.8
+"""The share of the last-level cache a chunk's logits may take (the weights and gradients stream through it too)."""
+CPU_CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
+"""Where Linux describes the first CPU's caches (``index*/size``, e.g. ``32768K``)."""
 GROUP_MAX_TOKENS = 2048
 GROUP_MAX_PAD_FRACTION = 0.15
 MIN_SHARED_PREFIX = 16
@@ -73,6 +90,34 @@ def largest_first(groups: list[list[int]], lengths: list[int]) -> list[list[int]
 def largest_group_tokens(lengths: list[int]) -> int:
     """The padded size (rows x longest row) of the largest group ``length_groups(lengths)`` makes."""
     return max(len(group) * max(lengths[i] for i in group) for group in length_groups(lengths))
+
+
+def last_level_cache_bytes() -> int | None:
+    """The CPU's largest cache in bytes, as Linux reports it (None where it does not)."""
+    sizes = []
+    for entry in CPU_CACHE_DIR.glob("index*/size"):
+        try:
+            text = entry.read_text().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1:], 1)
+        digits = text[:-1] if text[-1:] in "KMG" else text
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes) if sizes else None
+
+
+def logprob_chunk_tokens(vocab_size: int, device: torch.device, cache_bytes: int | None = None) -> int:
+    """Target positions per unembedding chunk for this vocabulary and device: ``CACHED_CHUNK_TOKENS`` on a CPU whose
+    last-level cache (``cache_bytes``, read from the system when None) holds that many rows of fp32 logits within
+    ``CACHE_FILL``, else ``LOGPROB_CHUNK_TOKENS``. Logprobs are the same either way (each position's are computed
+    once, from its own logits); only speed and the transient memory change."""
+    if device.type != "cpu":
+        return LOGPROB_CHUNK_TOKENS
+    cache = last_level_cache_bytes() if cache_bytes is None else cache_bytes
+    if cache is not None and CACHED_CHUNK_TOKENS * vocab_size * 4 <= CACHE_FILL * cache:
+        return CACHED_CHUNK_TOKENS
+    return LOGPROB_CHUNK_TOKENS
 
 
 def decoder_hidden(model: Any, ids: torch.Tensor, shared: int) -> torch.Tensor:

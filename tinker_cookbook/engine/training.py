@@ -370,12 +370,13 @@ class TrainingSession:
         # importance ratios compare, so they get full precision whatever the decoder's.
         leaf = hidden.detach().float().requires_grad_(grad and hidden.requires_grad)
         head = model.get_output_embeddings()
+        chunk = passes.logprob_chunk_tokens(head.weight.shape[0], leaf.device)
         logps, totals = [], []
         for row, item in enumerate(items):
             targets, pieces, total = item.inputs["target_tokens"], [], 0.0
             row_head = head if row_adapters is None else multi_lora.with_adapter(head, row_adapters[row])
-            for start in range(0, len(targets), passes.LOGPROB_CHUNK_TOKENS):
-                span = slice(start, min(start + passes.LOGPROB_CHUNK_TOKENS, len(targets)))
+            for start in range(0, len(targets), chunk):
+                span = slice(start, min(start + chunk, len(targets)))
                 with torch.set_grad_enabled(grad):
                     if token_losses is None:
                         logp = passes.chunk_logprobs(row_head, leaf[row, span], targets[span])
