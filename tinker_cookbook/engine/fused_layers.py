@@ -19,7 +19,8 @@ hand in a few fused ops:
   in the CPU's caches; the keys a causal block cannot see are skipped, the query heads of one key/value head are
   stacked along the queries (keys and values are not repeated), and the backward recomputes the probabilities
   (nothing of size queries x keys is saved, as with torch's flash kernel). It replaces torch's CPU flash-attention kernel, which at
-  these head sizes (64) runs several times below the matmul peak.
+  these head sizes (64) runs several times below the matmul peak. Rows packed into one sequence (``packed_rows``)
+  get each row's causal attention on its own.
 
 Every replacement computes the same function as the module it replaces, to fp32 rounding (only the order of sums
 differs). ``install`` applies them to a model's modules in place (per-instance ``forward`` methods and the attention
@@ -32,9 +33,12 @@ RMSNorms over the head dimension and take the fused one like the others.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import sys
 import types
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -238,6 +242,22 @@ class _AttentionFunction(torch.autograd.Function):
         return dq.mul_(ctx.scale), dk, dv, None, None
 
 
+_packed_segments: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar(
+    "tinker_packed_segments", default=None)
+
+
+@contextlib.contextmanager
+def packed_rows(lengths: Sequence[int]) -> Iterator[None]:
+    """While active (in this thread), a one-row pass of ``sum(lengths)`` tokens is these rows packed end to end,
+    each with positions from 0 (the caller passes them): ``attention`` computes each row's causal attention on its
+    own. Without this, transformers' block-diagonal mask for those positions gives the same values, slower."""
+    token = _packed_segments.set(tuple(lengths))
+    try:
+        yield
+    finally:
+        _packed_segments.reset(token)
+
+
 _triangles: dict[torch.device, torch.Tensor] = {}
 
 
@@ -276,17 +296,26 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
     ``MIN_QUERIES`` queries unless oneDNN's fp32 matmuls are on), else
     transformers' SDPA path itself. Masks come from transformers' SDPA mask function (registered alongside)."""
     q_len, k_len = query.shape[2], key.shape[2]
-    plain = (
+    plain_but_mask = (
         dropout == 0.0 and query.device.type == "cpu"
         and query.dtype == key.dtype == value.dtype == torch.float32
         and kwargs.get("sliding_window") is None and kwargs.get("softcap") is None
         and kwargs.get("position_bias") is None and not kwargs.get("output_attentions", False)
         and getattr(module, "is_causal", True) and kwargs.get("is_causal", True) is not False
         and query.shape[1] % key.shape[1] == 0 and key.shape[-1] == query.shape[-1]
-        # SDPA without a mask crops longer keys to the queries (top-left causal); a mask is explicit.
-        and (q_len == k_len if attention_mask is None else _usable_mask(attention_mask, q_len, k_len))
         and (q_len >= MIN_QUERIES or _onednn_fp32_matmuls())
     )
+    plain = plain_but_mask and (
+        # SDPA without a mask crops longer keys to the queries (top-left causal); a mask is explicit.
+        q_len == k_len if attention_mask is None else _usable_mask(attention_mask, q_len, k_len))
+    segments = _packed_segments.get()
+    if segments is not None and query.shape[0] == 1 and q_len == k_len == sum(segments) and plain_but_mask:
+        # Rows packed into one sequence (``packed_rows``): transformers built their block-diagonal causal mask from
+        # the restarting positions, which is exactly causal attention within each row. Computed so, row by row, a
+        # row's queries never meet another row's keys (the mask would make every block scan all of them).
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        rows = zip(query.split(segments, 2), key.split(segments, 2), value.split(segments, 2), strict=True)
+        return torch.cat([_AttentionFunction.apply(q, k, v, None, scale) for q, k, v in rows], dim=1), None
     if not plain:
         return _fallback(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5

@@ -27,6 +27,10 @@ cache (Qwen3's 151936, hidden 1024) smaller chunks only lose matmul efficiency: 
 per 1024 tokens (two threads), so 256 stays there."""
 CACHE_FILL = 0.8
 """The share of the last-level cache a chunk's logits may take (the weights and gradients stream through it too)."""
+PACK_MIN_ROW_TOKENS = 128
+"""Length groups whose rows all have at least this many tokens run packed, without padding (``packable``); their
+attention is computed row by row then. Shorter rows keep the right-padded batch, whose attention serves several
+rows in each batched matmul (RL's many short rollouts)."""
 CPU_CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
 """Where Linux describes the first CPU's caches (``index*/size``, e.g. ``32768K``)."""
 GROUP_MAX_TOKENS = 2048
@@ -118,6 +122,28 @@ def logprob_chunk_tokens(vocab_size: int, device: torch.device, cache_bytes: int
     if cache is not None and CACHED_CHUNK_TOKENS * vocab_size * 4 <= CACHE_FILL * cache:
         return CACHED_CHUNK_TOKENS
     return LOGPROB_CHUNK_TOKENS
+
+
+def packable(lengths: Sequence[int]) -> bool:
+    """Whether a length group runs as its rows packed end to end (``packed_hidden``) rather than right-padded: rows
+    of unequal lengths (else nothing is padded), each at least ``PACK_MIN_ROW_TOKENS`` long."""
+    return len(lengths) > 1 and min(lengths) >= PACK_MIN_ROW_TOKENS and min(lengths) != max(lengths)
+
+
+def packed_hidden(model: Any, rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The decoder's final hidden states of ``rows`` packed into one sequence, ``[1, Σ len, hidden]``.
+
+    Each row keeps its own positions (from 0), and attention stays within each row: transformers reads the
+    restarting positions as packed sequences and masks across them, and ``fused_layers.packed_rows`` has the fused
+    attention compute each row's causal attention on its own. Same values as a right-padded batch of the rows, to
+    fp32 rounding (the matmuls see another row count); no padding position is computed.
+    """
+    from tinker_cookbook.engine import fused_layers
+
+    ids = torch.cat(list(rows))[None]
+    positions = torch.cat([torch.arange(len(row), device=ids.device) for row in rows])[None]
+    with fused_layers.packed_rows([len(row) for row in rows]):
+        return model.model(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state
 
 
 def decoder_hidden(model: Any, ids: torch.Tensor, shared: int) -> torch.Tensor:

@@ -105,6 +105,10 @@ class BaseModel:
             self.packed_bytes = frozen_linear.install(model, compute_dtype, skip=skip)
         if self.device.type == "cpu" and FUSED_LAYERS:
             fused_layers.install(model)
+        self.packs_rows = getattr(model.config, "_attn_implementation", None) == fused_layers.ATTENTION_NAME
+        """Whether training passes may pack long rows without padding (``passes.packable``): where the fused
+        attention computes each packed row's attention on its own (elsewhere the packed mask would cost more than
+        the padding saves)."""
 
     def add_adapter(self, name: str, lora: types.LoraConfig) -> None:
         import peft  # slow to import; only needed once a training client exists
@@ -341,7 +345,8 @@ class TrainingSession:
         """Logprobs of each item's targets (and, with ``token_losses``, backpropagate them); one padded pass.
 
         Items are right-padded into one batch. Under causal attention a real token only sees earlier, real
-        tokens, so padding at the end changes nothing for them and needs no attention mask. The head then runs
+        tokens, so padding at the end changes nothing for them and needs no attention mask. Long rows of unequal
+        lengths run packed end to end instead, without padding (``passes.packable``). The head then runs
         row by row, chunk by chunk, on a detached copy of the hidden states: each chunk's logits live only while
         that chunk's loss is backpropagated into the hidden states, which finally flow through the decoder in one
         backward. Exact because every loss here is a sum of per-token terms; no logits are recomputed.
@@ -355,7 +360,8 @@ class TrainingSession:
         for row, item in enumerate(items):
             ids[row, : len(item.input_ids)] = item.input_ids
         images = [image for item in items for image in item.images]
-        shared = 0
+        lengths = [len(item.input_ids) for item in items]
+        shared, packed = 0, False
         with torch.set_grad_enabled(grad), self.base.autocast():
             if images:
                 hidden = vision.language_hidden(model, ids, images)
@@ -364,25 +370,29 @@ class TrainingSession:
                     hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
             else:
                 shared = 0 if self.base.is_vision else passes.shared_prefix_length([item.input_ids.tolist() for item in items])
-                hidden = passes.decoder_hidden(model, ids, shared)
-        self.base.decoder_positions += ids.numel() - (len(items) - 1) * shared
+                packed = shared == 0 and self.base.packs_rows and passes.packable(lengths)
+                hidden = (passes.packed_hidden(model, [item.input_ids.to(ids.device) for item in items]) if packed
+                          else passes.decoder_hidden(model, ids, shared))
+        self.base.decoder_positions += sum(lengths) if packed else ids.numel() - (len(items) - 1) * shared
         # The unembedding and log-softmax run in fp32 outside autocast: logprobs are what the losses and RL's
         # importance ratios compare, so they get full precision whatever the decoder's.
         leaf = hidden.detach().float().requires_grad_(grad and hidden.requires_grad)
         head = model.get_output_embeddings()
         chunk = passes.logprob_chunk_tokens(head.weight.shape[0], leaf.device)
         logps, totals = [], []
+        starts = [sum(lengths[:row]) for row in range(len(items))]
         for row, item in enumerate(items):
+            row_hidden = leaf[0, starts[row]:starts[row] + lengths[row]] if packed else leaf[row]
             targets, pieces, total = item.inputs["target_tokens"], [], 0.0
             row_head = head if row_adapters is None else multi_lora.with_adapter(head, row_adapters[row])
             for start in range(0, len(targets), chunk):
                 span = slice(start, min(start + chunk, len(targets)))
                 with torch.set_grad_enabled(grad):
                     if token_losses is None:
-                        logp = passes.chunk_logprobs(row_head, leaf[row, span], targets[span])
+                        logp = passes.chunk_logprobs(row_head, row_hidden[span], targets[span])
                     else:
                         reach = token_losses[row].reach
-                        logp = passes.reached_logprobs(row_head, leaf[row, span], targets[span],
+                        logp = passes.reached_logprobs(row_head, row_hidden[span], targets[span],
                                                  None if reach is None else reach[span])
                         loss = token_losses[row].fn(logp, span)
                         if loss.requires_grad:
