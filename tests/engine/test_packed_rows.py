@@ -112,3 +112,15 @@ def test_rows_are_not_packed_where_the_fused_attention_is_not_installed(packed_c
     monkeypatch.setattr(training, "FUSED_LAYERS", False)
     _, session = _run("tinker-cookbook/tiny-smollm2", backward=False)
     assert not session.base.packs_rows and packed_calls == []
+
+
+def test_rows_are_not_packed_under_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bf16 base without packed bf16 weights runs under autocast: bf16 activations, which the fused attention
+    leaves to SDPA, where the packed mask would cost more than the padding."""
+    from tinker_cookbook.engine import frozen_linear
+
+    monkeypatch.setattr(frozen_linear, "can_pack", lambda dtype: dtype == torch.float32)
+    model = "tinker-cookbook/tiny-smollm2"
+    base = BaseModel(get_model_spec(model), load_model(model, torch.float32), torch.bfloat16)
+    assert base.packed_bytes == 0 and not base.packs_rows
+    assert BaseModel(get_model_spec(model), load_model(model, torch.float32), torch.float32).packs_rows

@@ -105,10 +105,11 @@ class BaseModel:
             self.packed_bytes = frozen_linear.install(model, compute_dtype, skip=skip)
         if self.device.type == "cpu" and FUSED_LAYERS:
             fused_layers.install(model)
-        self.packs_rows = getattr(model.config, "_attn_implementation", None) == fused_layers.ATTENTION_NAME
+        self.packs_rows = (getattr(model.config, "_attn_implementation", None) == fused_layers.ATTENTION_NAME
+                           and (compute_dtype == torch.float32 or self.packed_bytes > 0))
         """Whether training passes may pack long rows without padding (``passes.packable``): where the fused
-        attention computes each packed row's attention on its own (elsewhere the packed mask would cost more than
-        the padding saves)."""
+        attention computes each packed row's attention on its own, which needs fp32 activations (not autocast).
+        Elsewhere the packed mask would cost more than the padding saves."""
 
     def add_adapter(self, name: str, lora: types.LoraConfig) -> None:
         import peft  # slow to import; only needed once a training client exists
@@ -342,7 +343,7 @@ class TrainingSession:
 
     def _run_group(self, model: Any, items: list[DatumTensors], token_losses: list[TokenLoss] | None,
                    row_adapters: list[str] | None = None) -> tuple[list[torch.Tensor], list[float]]:
-        """Logprobs of each item's targets (and, with ``token_losses``, backpropagate them); one padded pass.
+        """Logprobs of each item's targets (and, with ``token_losses``, backpropagate them); one pass.
 
         Items are right-padded into one batch. Under causal attention a real token only sees earlier, real
         tokens, so padding at the end changes nothing for them and needs no attention mask. Long rows of unequal
