@@ -6,6 +6,7 @@ Also the rule for a shared prefix that the sampler's prefill uses too (``shared_
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -96,8 +97,9 @@ def largest_group_tokens(lengths: list[int]) -> int:
     return max(len(group) * max(lengths[i] for i in group) for group in length_groups(lengths))
 
 
+@functools.cache
 def last_level_cache_bytes() -> int | None:
-    """The CPU's largest cache in bytes, as Linux reports it (None where it does not)."""
+    """The CPU's largest cache in bytes, as Linux reports it (None where it does not); read once per process."""
     sizes = []
     for entry in CPU_CACHE_DIR.glob("index*/size"):
         try:

@@ -15,6 +15,7 @@ Sequences of similar length run together as one right-padded batch, with padding
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import numbers
@@ -381,7 +382,7 @@ class TrainingSession:
         head = model.get_output_embeddings()
         chunk = passes.logprob_chunk_tokens(head.weight.shape[0], leaf.device)
         logps, totals = [], []
-        starts = [sum(lengths[:row]) for row in range(len(items))]
+        starts = [0, *itertools.accumulate(lengths)]
         for row, item in enumerate(items):
             row_hidden = leaf[0, starts[row]:starts[row] + lengths[row]] if packed else leaf[row]
             targets, pieces, total = item.inputs["target_tokens"], [], 0.0
