@@ -7,11 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_sessions import lora_session, random_datums
 
 from tinker_cookbook.engine import passes
-from tinker_cookbook.engine.models import get_model_spec, load_model
-from tinker_cookbook.engine.training import BaseModel, TrainingSession
-from tinker_cookbook.tinker import types
 
 MIB = 1024**2
 CPU = torch.device("cpu")
@@ -60,26 +58,17 @@ def test_the_last_level_cache_is_the_largest_one_linux_lists(tmp_path: Path, mon
     assert read(tmp_path / "missing") is None
 
 
-def _session() -> TrainingSession:
-    model = "tinker-cookbook/tiny-smollm2"
-    base = BaseModel(get_model_spec(model), load_model(model, torch.float32), torch.float32)
-    return TrainingSession("chunks", base, types.LoraConfig(rank=4, seed=3, train_unembed=True))
-
-
 def test_logprobs_and_gradients_do_not_depend_on_the_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows of 300, 130 and 9 targets in chunks of 256 and of 7 (which cut every row in many places). Each
     position's logprob comes from its own logits row either way; only the matmul's row count differs, which may
     pick another kernel and so another summation order (fp32 rounding: ~1e-6 here). The LoRA gradients sum the
     chunks' contributions in another grouping, again rounding only (1e-5 of the norm). A chunk dropped, counted
     twice or shifted by one position moves both by orders of magnitude more."""
-    generator = torch.Generator().manual_seed(11)
-    rows = [torch.randint(10, 1000, (n + 1,), generator=generator).tolist() for n in (300, 130, 9)]
-    data = [types.Datum(model_input=types.ModelInput.from_ints(r[:-1]),
-                        loss_fn_inputs={"target_tokens": r[1:], "weights": [1.0] * (len(r) - 1)}) for r in rows]
+    data = random_datums((300, 130, 9), seed=11)
     results = []
     for chunk in (256, 7):
         monkeypatch.setattr(passes, "logprob_chunk_tokens", lambda vocab, device, _chunk=chunk: _chunk)
-        session = _session()
+        session = lora_session("chunks")
         results.append((session.forward(data, "cross_entropy", None, backward=True), session))
     (out_a, a), (out_b, b) = results
     for x, y in zip(out_a.loss_fn_outputs, out_b.loss_fn_outputs, strict=True):

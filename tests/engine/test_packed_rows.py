@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from tiny_sessions import TINY_MODEL, lora_session, random_datums
 
 from tinker_cookbook.engine import fused_layers, passes
 from tinker_cookbook.engine.models import get_model_spec, load_model
@@ -26,22 +27,9 @@ def test_only_groups_of_unequal_long_rows_are_packed() -> None:
     assert not passes.packable([long + 50])
 
 
-def _session(model: str) -> TrainingSession:
-    base = BaseModel(get_model_spec(model), load_model(model, torch.float32), torch.float32)
-    return TrainingSession("packed", base, types.LoraConfig(rank=4, seed=3, train_unembed=True))
-
-
-def _data(vocab: int = 1000) -> list[types.Datum]:
-    generator = torch.Generator().manual_seed(5)
-    rows = [torch.randint(10, vocab, (n + 1,), generator=generator).tolist() for n in LENGTHS]
-    return [types.Datum(model_input=types.ModelInput.from_ints(r[:-1]),
-                        loss_fn_inputs={"target_tokens": r[1:], "weights": [1.0 / len(r)] * (len(r) - 1)})
-            for r in rows]
-
-
 def _run(model: str, backward: bool = True) -> tuple[types.ForwardBackwardOutput, TrainingSession]:
-    session = _session(model)
-    return session.forward(_data(), "cross_entropy", None, backward=backward), session
+    session = lora_session("packed", model)
+    return session.forward(random_datums(LENGTHS, seed=5, mean=True), "cross_entropy", None, backward=backward), session
 
 
 def _assert_same(a: tuple[types.ForwardBackwardOutput, TrainingSession],
@@ -73,7 +61,7 @@ def packed_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
     return calls
 
 
-@pytest.mark.parametrize("model", ["tinker-cookbook/tiny-smollm2", "tinker-cookbook/tiny-qwen3"])
+@pytest.mark.parametrize("model", [TINY_MODEL, "tinker-cookbook/tiny-qwen3"])
 def test_a_packed_pass_equals_the_padded_one(model: str, packed_calls: list[tuple[int, ...]],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     packed = _run(model)
@@ -93,7 +81,7 @@ def test_each_packed_row_attends_only_to_itself(monkeypatch: pytest.MonkeyPatch)
         return original(*args)
 
     monkeypatch.setattr(fused_layers._AttentionFunction, "apply", counting)
-    row_by_row = _run("tinker-cookbook/tiny-smollm2")
+    row_by_row = _run(TINY_MODEL)
     layers = row_by_row[1].base._model.config.num_hidden_layers
     assert calls["rows"] >= 4 * layers  # the four packed rows, in every layer
 
@@ -102,7 +90,7 @@ def test_each_packed_row_attends_only_to_itself(monkeypatch: pytest.MonkeyPatch)
         yield
 
     monkeypatch.setattr(fused_layers, "packed_rows", ignored)
-    _assert_same(row_by_row, _run("tinker-cookbook/tiny-smollm2"))
+    _assert_same(row_by_row, _run(TINY_MODEL))
 
 
 def test_rows_are_not_packed_where_the_fused_attention_is_not_installed(packed_calls: list[tuple[int, ...]],
@@ -110,7 +98,7 @@ def test_rows_are_not_packed_where_the_fused_attention_is_not_installed(packed_c
     from tinker_cookbook.engine import training
 
     monkeypatch.setattr(training, "FUSED_LAYERS", False)
-    _, session = _run("tinker-cookbook/tiny-smollm2", backward=False)
+    _, session = _run(TINY_MODEL, backward=False)
     assert not session.base.packs_rows and packed_calls == []
 
 
@@ -120,7 +108,6 @@ def test_rows_are_not_packed_under_autocast(monkeypatch: pytest.MonkeyPatch) -> 
     from tinker_cookbook.engine import frozen_linear
 
     monkeypatch.setattr(frozen_linear, "can_pack", lambda dtype: dtype == torch.float32)
-    model = "tinker-cookbook/tiny-smollm2"
-    base = BaseModel(get_model_spec(model), load_model(model, torch.float32), torch.bfloat16)
+    base = BaseModel(get_model_spec(TINY_MODEL), load_model(TINY_MODEL, torch.float32), torch.bfloat16)
     assert base.packed_bytes == 0 and not base.packs_rows
-    assert BaseModel(get_model_spec(model), load_model(model, torch.float32), torch.float32).packs_rows
+    assert BaseModel(get_model_spec(TINY_MODEL), load_model(TINY_MODEL, torch.float32), torch.float32).packs_rows

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from tinker_cookbook.engine import fused_layers
+
 LOGPROB_CHUNK_TOKENS = 256
 """Target positions per unembedding chunk: each chunk's fp32 logits ([chunk, vocabulary]) exist only while its loss
 is backpropagated, so the full-vocabulary logits of a batch never exist at once. ``logprob_chunk_tokens`` may pick
@@ -140,8 +142,6 @@ def packed_hidden(model: Any, rows: Sequence[torch.Tensor]) -> torch.Tensor:
     attention compute each row's causal attention on its own. Same values as a right-padded batch of the rows, to
     fp32 rounding (the matmuls see another row count); no padding position is computed.
     """
-    from tinker_cookbook.engine import fused_layers
-
     ids = torch.cat(list(rows))[None]
     positions = torch.cat([torch.arange(len(row), device=ids.device) for row in rows])[None]
     with fused_layers.packed_rows([len(row) for row in rows]):

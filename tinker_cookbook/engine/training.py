@@ -9,7 +9,8 @@ with each row routed through its own session's adapter (``multi_lora``).
 Memory: a sequence's logprobs are computed from the final hidden states in token chunks, each chunk's loss
 backpropagated to the hidden states before the next chunk's logits exist, so full-vocabulary fp32 logits (and
 their gradients) never exist for more than one chunk at once.
-Sequences of similar length run together as one right-padded batch, with padding bounded to a small fraction.
+Sequences of similar length run together as one right-padded batch, with padding bounded to a small fraction;
+long rows of unequal lengths run packed end to end instead, without padding.
 """
 
 from __future__ import annotations
