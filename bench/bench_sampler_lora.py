@@ -74,9 +74,9 @@ def main() -> None:
     import torch
 
     import tinker_cookbook
-    from tinker_cookbook.engine import sampler_lora
     from tinker_cookbook.engine.models import load_model
-    from tinker_cookbook.engine.sampler import SamplerEngine, SamplingWeights
+    from tinker_cookbook.engine.sampling import lora as sampler_lora
+    from tinker_cookbook.engine.sampling.sampler import SamplerEngine, SamplingWeights
     from tinker_cookbook.tinker import types
 
     hf = load_model(args.model, torch.float32)
@@ -139,7 +139,9 @@ def cpu_steps(snapshots: dict[str, list[Any]], per_snapshot: int) -> None:
     """(c): CPU milliseconds per decode step at one thread."""
     import torch
 
-    from tinker_cookbook.engine import sampler_decode, sampler_lora, sampler_model
+    from tinker_cookbook.engine.sampling import decode as sampler_decode
+    from tinker_cookbook.engine.sampling import decoder_model as sampler_model
+    from tinker_cookbook.engine.sampling import lora as sampler_lora
 
     torch.set_num_threads(1)
     merged, unmerged = snapshots["merged"], snapshots["unmerged"]

@@ -118,7 +118,8 @@ def matmul_read_bandwidth_gbs() -> float | None:
     import torch
 
     try:
-        from tinker_cookbook.engine import decode_kernel, frozen_linear
+        from tinker_cookbook.engine.kernels import decode_kernel
+        from tinker_cookbook.engine.training import frozen_linear
     except ImportError:
         return None
     if not frozen_linear.can_pack(torch.float32):
@@ -238,9 +239,9 @@ def worker_batch1(model: str, new_tokens: int) -> dict[str, Any]:
     """(b): tokens/s of one sequence: (N - 1) tokens over the time beyond a 1-token request (the prefill)."""
     import torch
 
-    from tinker_cookbook.engine import sampler_model
     from tinker_cookbook.engine.models import load_model
-    from tinker_cookbook.engine.sampler import SamplerEngine, SamplingWeights, default_sampling_dtype
+    from tinker_cookbook.engine.sampling import decoder_model as sampler_model
+    from tinker_cookbook.engine.sampling.sampler import SamplerEngine, SamplingWeights, default_sampling_dtype
     from tinker_cookbook.tinker import types
     from tinker_cookbook.tokenizer_utils import get_tokenizer
 
@@ -255,7 +256,7 @@ def worker_batch1(model: str, new_tokens: int) -> dict[str, Any]:
         return time.perf_counter() - start, len(response.sequences[0].tokens)
 
     try:  # where the decode step lives: its own module since the compiled decode, sampler_model before
-        from tinker_cookbook.engine import sampler_decode as decode_module
+        from tinker_cookbook.engine.sampling import decode as decode_module
     except ImportError:
         decode_module = sampler_model  # type: ignore[assignment]
     with SamplerEngine() as engine:  # no tokenizer: no EOS stop, always N tokens
@@ -267,7 +268,7 @@ def worker_batch1(model: str, new_tokens: int) -> dict[str, Any]:
             if not decode_threads:
                 decode_threads.append(torch.get_num_threads())
                 try:  # the compiled matmuls' own count (since they stream the weights on several threads)
-                    from tinker_cookbook.engine.decode_kernel import matmul_threads
+                    from tinker_cookbook.engine.kernels.decode_kernel import matmul_threads
 
                     matmul_count.append(matmul_threads())
                 except ImportError:
@@ -308,7 +309,7 @@ def worker(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     import tinker_cookbook
-    from tinker_cookbook.engine.sampler import default_sampling_dtype
+    from tinker_cookbook.engine.sampling.sampler import default_sampling_dtype
 
     assert not args.tree or tinker_cookbook.__file__.startswith(args.tree), tinker_cookbook.__file__
     dtype = str(default_sampling_dtype()).removeprefix("torch.")

@@ -81,7 +81,7 @@ def batch_tokens(seed: int, batch: int, length: int, vocab: int) -> list[list[in
 def engine_training(model: Any, args: argparse.Namespace, device: torch.device) -> tuple[dict[str, float], Any]:
     from tinker_cookbook.engine.device import base_dtype
     from tinker_cookbook.engine.models import ModelSpec
-    from tinker_cookbook.engine.training import BaseModel, TrainingSession
+    from tinker_cookbook.engine.training.session import BaseModel, TrainingSession
     from tinker_cookbook.tinker import types
 
     spec = ModelSpec(
@@ -149,7 +149,7 @@ def plain_training(model: Any, args: argparse.Namespace, device: torch.device) -
 
 
 def engine_sampling(base: Any, session: Any, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    from tinker_cookbook.engine.sampler import SamplerEngine, SamplingWeights, default_sampling_dtype
+    from tinker_cookbook.engine.sampling.sampler import SamplerEngine, SamplingWeights, default_sampling_dtype
     from tinker_cookbook.tinker import types
 
     dtype = default_sampling_dtype(device)

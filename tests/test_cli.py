@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tinker_cookbook import cli
-from tinker_cookbook.engine.checkpoint_store import CheckpointStore
+from tinker_cookbook.engine.store.checkpoint_store import CheckpointStore
 from tinker_cookbook.tinker import types
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tinker_cookbook.engine.checkpoint_store import CheckpointStore
+from tinker_cookbook.engine.store.checkpoint_store import CheckpointStore
 from tinker_cookbook.tinker import errors, types
 from tinker_cookbook.tinker.futures import APIFuture
 from tinker_cookbook.tinker.rest_client import RestClient

@@ -53,7 +53,7 @@ def backend_for(base_url: str | None, api_key: str | None = None) -> Backend:
 
 def store_for(base_url: str | None, api_key: str | None = None) -> CheckpointStoreAPI:
     if is_local(base_url):
-        from tinker_cookbook.engine.checkpoint_store import CheckpointStore
+        from tinker_cookbook.engine.store.checkpoint_store import CheckpointStore
 
         return CheckpointStore()
     url = check_server_url(base_url)

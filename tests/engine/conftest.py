@@ -8,7 +8,7 @@ import torch
 from transformers import AutoTokenizer
 
 from tinker_cookbook.base import assets
-from tinker_cookbook.engine.sampler import SamplerEngine
+from tinker_cookbook.engine.sampling.sampler import SamplerEngine
 
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 
@@ -39,7 +39,7 @@ def engine() -> Iterator[SamplerEngine]:
 def group_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """A list that receives each training group's padded size (rows x longest row), in the order the engine runs
     them (a spy on ``TrainingSession._run_group``, for this test only)."""
-    from tinker_cookbook.engine import training
+    from tinker_cookbook.engine.training import session as training
 
     sizes: list[int] = []
     original = training.TrainingSession._run_group

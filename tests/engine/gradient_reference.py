@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from tinker_cookbook.engine import losses
+from tinker_cookbook.engine.training import losses
 from tinker_cookbook.tinker import types
 
 

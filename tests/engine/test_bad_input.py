@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tinker_cookbook import tinker
-from tinker_cookbook.engine import training
+from tinker_cookbook.engine.training import session as training
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError, InternalServerError
 

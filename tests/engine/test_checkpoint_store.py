@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tinker_cookbook.engine import checkpoint_store as cs
-from tinker_cookbook.engine.checkpoint_store import CheckpointStore
+from tinker_cookbook.engine.store import checkpoint_store as cs
+from tinker_cookbook.engine.store.checkpoint_store import CheckpointStore
 from tinker_cookbook.tinker import errors, types
 
 LORA = types.LoraConfig(rank=8, train_unembed=False)

@@ -12,8 +12,10 @@ import pytest
 import torch
 
 from tests.engine.test_sampler import _tiny_llama, _tiny_qwen2, _tiny_qwen3, stored_prompts
-from tinker_cookbook.engine import decode_kernel, sampler_decode, sampler_model
-from tinker_cookbook.engine.sampler import SamplerEngine, SamplingWeights
+from tinker_cookbook.engine.kernels import decode_kernel
+from tinker_cookbook.engine.sampling import decode as sampler_decode
+from tinker_cookbook.engine.sampling import decoder_model as sampler_model
+from tinker_cookbook.engine.sampling.sampler import SamplerEngine, SamplingWeights
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError
 

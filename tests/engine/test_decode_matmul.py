@@ -13,9 +13,10 @@ import torch
 
 from tests.engine.test_decode_kernel import cpu_with_a_compiler  # noqa: F401 - the module's autouse fixture
 from tests.engine.test_sampler import _tiny_qwen3
-from tinker_cookbook.engine import decode_kernel, frozen_linear
-from tinker_cookbook.engine.sampler import SamplerEngine, SamplingWeights
-from tinker_cookbook.engine.sampler_model import Linear
+from tinker_cookbook.engine.kernels import decode_kernel
+from tinker_cookbook.engine.sampling.decoder_model import Linear
+from tinker_cookbook.engine.sampling.sampler import SamplerEngine, SamplingWeights
+from tinker_cookbook.engine.training import frozen_linear
 from tinker_cookbook.tinker import types
 
 # (out, in): whole blocks of 64 outputs, a partial last block, an input count oneDNN pads, a single block.

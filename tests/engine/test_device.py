@@ -7,7 +7,7 @@ import torch
 
 from tinker_cookbook.engine import device as engine_device
 from tinker_cookbook.engine.models import get_model_spec, load_model
-from tinker_cookbook.engine.training import BaseModel, TrainingSession
+from tinker_cookbook.engine.training.session import BaseModel, TrainingSession
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tinker_cookbook.engine import frozen_linear, training
 from tinker_cookbook.engine.models import get_model_spec, load_model
-from tinker_cookbook.engine.training import BaseModel, TrainingSession
+from tinker_cookbook.engine.training import frozen_linear
+from tinker_cookbook.engine.training import session as training
+from tinker_cookbook.engine.training.session import BaseModel, TrainingSession
 from tinker_cookbook.tinker import types
 
 MODEL = "tinker-cookbook/tiny-smollm2"

@@ -11,9 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from tinker_cookbook.engine import device as device_module
-from tinker_cookbook.engine import fused_layers, training
 from tinker_cookbook.engine.models import get_model_spec, load_model
-from tinker_cookbook.engine.training import BaseModel, TrainingSession
+from tinker_cookbook.engine.training import fused_layers
+from tinker_cookbook.engine.training import session as training
+from tinker_cookbook.engine.training.session import BaseModel, TrainingSession
 from tinker_cookbook.tinker import types
 
 FP32_UNIT = 2.0**-24

@@ -12,8 +12,8 @@ import torch
 from gradient_reference import direct_gradients, pending_gradients, relative_difference
 
 from tinker_cookbook import tinker
-from tinker_cookbook.engine import losses
-from tinker_cookbook.engine.passes import chunk_logprobs, reached_logprobs
+from tinker_cookbook.engine.training import losses
+from tinker_cookbook.engine.training.passes import chunk_logprobs, reached_logprobs
 from tinker_cookbook.tinker import types
 
 MODEL = "tinker-cookbook/tiny-smollm2"

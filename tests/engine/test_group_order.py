@@ -7,7 +7,7 @@ import pytest
 import torch
 from tiny_sessions import lora_session, random_datums
 
-from tinker_cookbook.engine import passes
+from tinker_cookbook.engine.training import passes
 
 LENGTHS = (41, 9, 300, 120, 40)
 """Four length groups (``passes.length_groups``): 9 | 40, 41 | 120 | 300 tokens, padded sizes 9, 82, 120, 300."""

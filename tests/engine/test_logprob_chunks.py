@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny_sessions import lora_session, random_datums
 
-from tinker_cookbook.engine import passes
+from tinker_cookbook.engine.training import passes
 
 MIB = 1024**2
 CPU = torch.device("cpu")

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from tinker_cookbook.engine import losses
+from tinker_cookbook.engine.training import losses
 from tinker_cookbook.tinker.errors import BadRequestError
 
 LOGP = [-1.0, -2.0, -0.5]

@@ -129,7 +129,7 @@ def _no_downloads(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_registry_supports_exactly_what_the_sampler_decodes() -> None:
-    from tinker_cookbook.engine import sampler_model
+    from tinker_cookbook.engine.sampling import decoder_model as sampler_model
 
     assert models.supported_model_types() is sampler_model.SUPPORTED_MODEL_TYPES
     for spec in models.known_models():

@@ -213,7 +213,7 @@ def test_a_mixed_group_is_never_larger_than_a_members_largest_solo_group(
         engines: tuple[LocalBackend, LocalBackend], group_sizes: list[int]) -> None:
     """Memory: a pass's activations grow with its padded size, so batching clients must not make groups larger
     than the largest one any of them would run alone (without the cap, four small batches form one big group)."""
-    from tinker_cookbook.engine import passes
+    from tinker_cookbook.engine.training import passes
 
     batched, _ = engines
     clients = [_client(batched, config) for config in CONFIGS]
@@ -268,7 +268,8 @@ def _mixed_and_solo(backend: LocalBackend, clients: list[tinker.TrainingClient]
                     ) -> tuple[Callable[[], Any], Callable[[], Any], list[torch.nn.Parameter]]:
     """The same rows (two of each of 4 ``clients``, adapters of one shape) in one pass: each row through its own
     client's adapter (mixed), or all through client 0's (solo); and every adapter parameter."""
-    from tinker_cookbook.engine import multi_lora, training
+    from tinker_cookbook.engine.training import multi_lora
+    from tinker_cookbook.engine.training import session as training
 
     sessions = [backend._session(tc.model_id) for tc in clients]
     prepared = [s._prepare_forward(training.ForwardRequest(_batch(300 + i, n=2), "cross_entropy", None, True))

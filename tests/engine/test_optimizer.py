@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tinker_cookbook.engine.optimizer import AdamW, InvalidState, NonFiniteStep
+from tinker_cookbook.engine.training.optimizer import AdamW, InvalidState, NonFiniteStep
 from tinker_cookbook.tinker import types
 
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from tiny_sessions import TINY_MODEL, lora_session, random_datums
 
-from tinker_cookbook.engine import fused_layers, passes
 from tinker_cookbook.engine.models import get_model_spec, load_model
-from tinker_cookbook.engine.training import BaseModel, TrainingSession
+from tinker_cookbook.engine.training import fused_layers, passes
+from tinker_cookbook.engine.training.session import BaseModel, TrainingSession
 from tinker_cookbook.tinker import types
 
 LENGTHS = (300, 260, 140, 131, 40, 30)
@@ -95,7 +95,7 @@ def test_each_packed_row_attends_only_to_itself(monkeypatch: pytest.MonkeyPatch)
 
 def test_rows_are_not_packed_where_the_fused_attention_is_not_installed(packed_calls: list[tuple[int, ...]],
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from tinker_cookbook.engine import training
+    from tinker_cookbook.engine.training import session as training
 
     monkeypatch.setattr(training, "FUSED_LAYERS", False)
     _, session = _run(TINY_MODEL, backward=False)
@@ -105,7 +105,7 @@ def test_rows_are_not_packed_where_the_fused_attention_is_not_installed(packed_c
 def test_rows_are_not_packed_under_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
     """A bf16 base without packed bf16 weights runs under autocast: bf16 activations, which the fused attention
     leaves to SDPA, where the packed mask would cost more than the padding."""
-    from tinker_cookbook.engine import frozen_linear
+    from tinker_cookbook.engine.training import frozen_linear
 
     monkeypatch.setattr(frozen_linear, "can_pack", lambda dtype: dtype == torch.float32)
     base = BaseModel(get_model_spec(TINY_MODEL), load_model(TINY_MODEL, torch.float32), torch.bfloat16)

@@ -10,9 +10,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from tinker_cookbook.engine import sampler_decode, sampler_model
-from tinker_cookbook.engine.sampler import SamplerEngine, SamplingWeights, default_sampling_dtype
-from tinker_cookbook.engine.sampler_batch import KVPool
+from tinker_cookbook.engine.sampling import decode as sampler_decode
+from tinker_cookbook.engine.sampling import decoder_model as sampler_model
+from tinker_cookbook.engine.sampling.batch import KVPool
+from tinker_cookbook.engine.sampling.sampler import SamplerEngine, SamplingWeights, default_sampling_dtype
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError, RequestFailedError, UnprocessableEntityError
 
@@ -783,7 +784,7 @@ def test_num_samples_is_bounded_and_the_limit_itself_is_served(
     engine: SamplerEngine, qwen3_weights: SamplingWeights, tokenizer: Any
 ) -> None:
     """An unbounded num_samples would hold the sampler for every later request: refused at the call site."""
-    from tinker_cookbook.engine.sampler_requests import MAX_NUM_SAMPLES
+    from tinker_cookbook.engine.sampling.requests import MAX_NUM_SAMPLES
 
     params = types.SamplingParams(max_tokens=1, seed=0)
     hi = _prompt(tokenizer, "hi")

@@ -27,8 +27,9 @@ import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
 from tests.engine.test_sampler import _tiny_llama, _tiny_qwen3
-from tinker_cookbook.engine import sampler_lora, sampler_model
-from tinker_cookbook.engine.sampler import SamplerEngine, SamplingWeights
+from tinker_cookbook.engine.sampling import decoder_model as sampler_model
+from tinker_cookbook.engine.sampling import lora as sampler_lora
+from tinker_cookbook.engine.sampling.sampler import SamplerEngine, SamplingWeights
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError
 

@@ -10,8 +10,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tinker_cookbook.engine import sampler_decode, threads
-from tinker_cookbook.engine.sampler import SamplerEngine, SamplingWeights
+from tinker_cookbook.engine import threads
+from tinker_cookbook.engine.sampling import decode as sampler_decode
+from tinker_cookbook.engine.sampling.sampler import SamplerEngine, SamplingWeights
 from tinker_cookbook.engine.threads import LocalThreads
 from tinker_cookbook.tinker import types
 

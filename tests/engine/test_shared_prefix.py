@@ -12,7 +12,7 @@ import torch
 from gradient_reference import direct_gradients, pending_gradients, relative_difference
 
 from tinker_cookbook import tinker
-from tinker_cookbook.engine.passes import MIN_SHARED_PREFIX, shared_prefix_length
+from tinker_cookbook.engine.training.passes import MIN_SHARED_PREFIX, shared_prefix_length
 from tinker_cookbook.tinker import types
 
 MODELS = ["tinker-cookbook/tiny-smollm2", "tinker-cookbook/tiny-qwen3"]

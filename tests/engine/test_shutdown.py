@@ -111,7 +111,7 @@ def test_close_fails_queued_training_requests_and_refuses_new_ones(backend: Loca
 
 
 def test_close_fails_pending_sample_requests(backend: LocalBackend, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tinker_cookbook.engine.sampler import SamplerEngine
+    from tinker_cookbook.engine.sampling.sampler import SamplerEngine
 
     sampler = tinker.ServiceClient().create_sampling_client(base_model=MODEL)
     stepping, release = threading.Event(), threading.Event()

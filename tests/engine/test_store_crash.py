@@ -20,8 +20,8 @@ from typing import Literal
 
 import pytest
 
-from tinker_cookbook.engine import store_staging
-from tinker_cookbook.engine.checkpoint_store import CheckpointStore
+from tinker_cookbook.engine.store import crash_safety as store_staging
+from tinker_cookbook.engine.store.checkpoint_store import CheckpointStore
 from tinker_cookbook.tinker import errors, types
 
 LORA = types.LoraConfig(rank=8)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tinker_cookbook.engine.checkpoint_store import CheckpointStore
-from tinker_cookbook.engine.store_paths import UnsafeStoreEntryError
+from tinker_cookbook.engine.store.checkpoint_store import CheckpointStore
+from tinker_cookbook.engine.store.paths import UnsafeStoreEntryError
 from tinker_cookbook.tinker import errors, types
 
 LORA = types.LoraConfig(rank=8)
@@ -220,7 +220,7 @@ def test_expiry_does_not_follow_symlinked_archives(
 ) -> None:
     from datetime import timedelta
 
-    from tinker_cookbook.engine import checkpoint_store as cs
+    from tinker_cookbook.engine.store import checkpoint_store as cs
 
     store.write_checkpoint(run_id, "weights", "x", _writer({"f": b"1"}), {}, ttl_seconds=1)
     (outside / "weights").mkdir()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tinker_cookbook.engine.passes import TargetLogprobs
+from tinker_cookbook.engine.training.passes import TargetLogprobs
 
 
 @pytest.mark.parametrize("candidates", [1, 3])

@@ -349,7 +349,7 @@ def test_bad_lora_config(service):
 
 
 def test_length_groups_bound_padding():
-    from tinker_cookbook.engine.passes import GROUP_MAX_PAD_FRACTION, GROUP_MAX_TOKENS, length_groups
+    from tinker_cookbook.engine.training.passes import GROUP_MAX_PAD_FRACTION, GROUP_MAX_TOKENS, length_groups
 
     lengths = [64, 500, 70, 65, 512, 300, 66, 2000, 3000]
     groups = length_groups(lengths)

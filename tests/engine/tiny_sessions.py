@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from tinker_cookbook.engine.models import get_model_spec, load_model
-from tinker_cookbook.engine.training import BaseModel, TrainingSession
+from tinker_cookbook.engine.training.session import BaseModel, TrainingSession
 from tinker_cookbook.tinker import types
 
 TINY_MODEL = "tinker-cookbook/tiny-smollm2"

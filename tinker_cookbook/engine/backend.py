@@ -36,10 +36,10 @@ import torch
 
 from tinker_cookbook.engine import device as engine_devices
 from tinker_cookbook.engine import models
-from tinker_cookbook.engine.checkpoint_store import CheckpointKind, CheckpointStore
 from tinker_cookbook.engine.exit_hooks import CloseAtExit
-from tinker_cookbook.engine.multi_client import forward_together
-from tinker_cookbook.engine.training import (
+from tinker_cookbook.engine.store.checkpoint_store import CheckpointKind, CheckpointStore
+from tinker_cookbook.engine.training.multi_client import forward_together
+from tinker_cookbook.engine.training.session import (
     BaseModel,
     CustomLossFn,
     ForwardRequest,
@@ -219,7 +219,7 @@ class LocalBackend:
 
     def _base(self, name: str) -> BaseModel:
         if name not in self._bases:
-            from tinker_cookbook.engine.sampler import default_sampling_dtype
+            from tinker_cookbook.engine.sampling.sampler import default_sampling_dtype
 
             spec = models.get_model_spec(name)
             compute = engine_devices.base_dtype(self.device)
@@ -399,7 +399,7 @@ class LocalBackend:
             if self._closed:
                 raise RequestFailedError(_CLOSED_MESSAGE)
             if self._sampler is None:
-                from tinker_cookbook.engine.sampler import SamplerEngine
+                from tinker_cookbook.engine.sampling.sampler import SamplerEngine
 
                 self._sampler = SamplerEngine()
             return self._sampler
@@ -407,7 +407,7 @@ class LocalBackend:
     def _handle(self, base: BaseModel, adapter_state: dict[str, torch.Tensor] | None,
                 adapter_config: dict[str, Any] | None, model_path: str | None) -> SamplerHandle:
         from tinker_cookbook.base.tokenizers import get_tokenizer
-        from tinker_cookbook.engine.sampler import SamplingWeights, default_sampling_dtype
+        from tinker_cookbook.engine.sampling.sampler import SamplingWeights, default_sampling_dtype
 
         weights = SamplingWeights.build(base.config, base.base_state, adapter_state, adapter_config,
                                         default_sampling_dtype(base.device))

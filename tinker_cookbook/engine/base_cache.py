@@ -1,5 +1,5 @@
 """What the sampler builds once per base model and shares among all snapshots of that base while any holds it:
-the fused base weights of unmerged LoRA snapshots (``sampler_lora``) and the vision tower (``vision``)."""
+the fused base weights of unmerged LoRA snapshots (``sampling.lora``) and the vision tower (``vision``)."""
 
 from __future__ import annotations
 

@@ -214,7 +214,9 @@ def supported_model_types() -> tuple[str, ...]:
     Training goes through transformers and handles more; the sampler's decoder is the narrower side, so its list
     is the single source of truth.
     """
-    from tinker_cookbook.engine.sampler_model import SUPPORTED_MODEL_TYPES  # imported only when asked
+    from tinker_cookbook.engine.sampling.decoder_model import (
+        SUPPORTED_MODEL_TYPES,  # imported only when asked
+    )
 
     return SUPPORTED_MODEL_TYPES
 

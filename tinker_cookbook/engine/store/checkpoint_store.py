@@ -16,7 +16,7 @@ filesystem has one; elsewhere the old checkpoint is renamed to a backup first, a
 between the two renames puts the backup back. Staging entries carry their process id, so opening the store removes
 the leftovers of killed processes and never a save still running elsewhere.
 
-Nothing below the root may be a symlink (see ``store_paths``): the store refuses them rather than read or delete
+Nothing below the root may be a symlink (see ``store.paths``): the store refuses them rather than read or delete
 through them. The store only moves files around; it never unpickles anything.
 """
 
@@ -33,7 +33,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
-from tinker_cookbook.engine import store_paths, store_staging
+from tinker_cookbook.engine.store import crash_safety, paths
 from tinker_cookbook.tinker import errors, types
 
 HOME_ENV_VAR = "TINKER_COOKBOOK_HOME"
@@ -115,7 +115,7 @@ def make_tinker_path(run_id: str, kind: CheckpointKind, name: str) -> str:
 
 def _read_checkpoint_record(ckpt_dir: Path) -> dict[str, Any] | None:
     """checkpoint.json if present and well-formed (parseable time and expires_at), else None."""
-    record = store_paths.read_json(ckpt_dir / CHECKPOINT_FILE)
+    record = paths.read_json(ckpt_dir / CHECKPOINT_FILE)
     if record is None:
         return None
     try:
@@ -133,7 +133,7 @@ def _expired(record: dict[str, Any]) -> bool:
 
 
 def _dir_size(path: Path) -> int:
-    return sum(p.lstat().st_size for p in path.rglob("*") if store_paths.is_regular_file(p))
+    return sum(p.lstat().st_size for p in path.rglob("*") if paths.is_regular_file(p))
 
 
 def _paginate(items: list[Any], limit: int, offset: int) -> tuple[list[Any], types.Cursor]:
@@ -167,13 +167,13 @@ class CheckpointStore:
         return self.root / "runs"
 
     def _checked(self, path: Path, subject: str) -> Path:
-        return store_paths.check_no_symlinks(self.root, path, subject)
+        return paths.check_no_symlinks(self.root, path, subject)
 
     def _run_dir(self, run_id: str, subject: str | None = None) -> Path:
         """The directory of an existing run; NotFoundError if there is none."""
         run_dir = self.runs_dir / _validate_name("run_id", run_id)
         self._checked(run_dir / RUN_FILE, subject or f"training run {run_id!r}")
-        if not store_paths.is_regular_file(run_dir / RUN_FILE):
+        if not paths.is_regular_file(run_dir / RUN_FILE):
             known = [name for _, name, _ in self._run_dirs()][:10]
             raise errors.NotFoundError(
                 f"training run {run_id!r} not found in {str(self.runs_dir)!r}; known runs (newest first): "
@@ -200,31 +200,31 @@ class CheckpointStore:
         try:
             self._checked(self.runs_dir, "opening the store")
             run_dirs = [Path(e.path) for e in os.scandir(self.runs_dir) if e.is_dir(follow_symlinks=False)]
-        except (OSError, store_paths.UnsafeStoreEntryError):
+        except (OSError, paths.UnsafeStoreEntryError):
             return  # missing, unreadable or symlinked: every later use reports it
         for run_dir in run_dirs:
             try:
                 self._recover_run(run_dir)
-            except (OSError, store_paths.UnsafeStoreEntryError):
+            except (OSError, paths.UnsafeStoreEntryError):
                 continue
 
     def _recover_run(self, run_dir: Path) -> None:
         """Remove stale staging entries; put back a checkpoint whose overwrite was killed between its renames."""
         staging = self._checked(run_dir / ".staging", "cleaning up killed saves")
-        if not store_paths.is_real_dir(staging):
+        if not paths.is_real_dir(staging):
             return
 
-        def backup_target(entry: store_staging.StagingEntry) -> Path | None:
+        def backup_target(entry: crash_safety.StagingEntry) -> Path | None:
             """Where a backup goes back to; None keeps it (it may be the only copy): a person should look."""
             kind, name = (*entry.target, "", "")[:2]
             try:
                 path = run_dir / _normalize_kind(kind) / _validate_name("name", name)
                 return self._checked(path, "restoring a killed overwrite")
-            except (errors.BadRequestError, store_paths.UnsafeStoreEntryError):
+            except (errors.BadRequestError, paths.UnsafeStoreEntryError):
                 return None
 
         with self._lock:
-            store_staging.clean_staging(staging, backup_target, CHECKPOINT_FILE)
+            crash_safety.clean_staging(staging, backup_target, CHECKPOINT_FILE)
 
     # ----------------------------------------------------------------------------------------------------------
     # Runs
@@ -267,8 +267,8 @@ class CheckpointStore:
                         f"training run {run_id!r} already exists; pass run_id=None for a fresh id"
                     ) from None
                 continue
-            store_staging.write_json_atomic(run_dir / RUN_FILE, record, self._staging(run_dir, f"training run {candidate!r}"))
-            store_staging.fsync_dir(self.runs_dir)
+            crash_safety.write_json_atomic(run_dir / RUN_FILE, record, self._staging(run_dir, f"training run {candidate!r}"))
+            crash_safety.fsync_dir(self.runs_dir)
             return candidate
         raise errors.InternalServerError(f"could not find a free run id under {str(self.runs_dir)!r}")
 
@@ -278,12 +278,12 @@ class CheckpointStore:
             record = self.run_record(run_id)
             run_dir = self.runs_dir / run_id
             record["last_request_time"] = _now().isoformat()
-            store_staging.write_json_atomic(run_dir / RUN_FILE, record, self._staging(run_dir, f"training run {run_id!r}"))
+            crash_safety.write_json_atomic(run_dir / RUN_FILE, record, self._staging(run_dir, f"training run {run_id!r}"))
 
     def run_record(self, run_id: str) -> dict[str, Any]:
         """The raw ``run.json`` of a run (base model, LoRA config, user metadata, times)."""
         run_dir = self._run_dir(run_id)
-        record = store_paths.read_json(run_dir / RUN_FILE)
+        record = paths.read_json(run_dir / RUN_FILE)
         if record is None:
             raise errors.RequestFailedError(
                 f"{str(run_dir / RUN_FILE)!r} is unreadable; the run is corrupted"
@@ -301,14 +301,14 @@ class CheckpointStore:
     def _run_dirs(self) -> list[tuple[datetime, str, Path]]:
         """(created time, run id, directory) of every run, newest first; symlinked entries are skipped."""
         self._checked(self.runs_dir, "listing training runs")
-        if not store_paths.is_real_dir(self.runs_dir):
+        if not paths.is_real_dir(self.runs_dir):
             return []
         runs = []
         for entry in os.scandir(self.runs_dir):
             run_dir = Path(entry.path)
             if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
                 continue
-            if store_paths.is_regular_file(run_dir / RUN_FILE):
+            if paths.is_regular_file(run_dir / RUN_FILE):
                 runs.append((self._created_time(run_dir), entry.name, run_dir))
         runs.sort(key=lambda t: (t[0], t[1]), reverse=True)
         return runs
@@ -318,14 +318,14 @@ class CheckpointStore:
 
     @staticmethod
     def _created_time(run_dir: Path) -> datetime:
-        record = store_paths.read_json(run_dir / RUN_FILE) or {}
+        record = paths.read_json(run_dir / RUN_FILE) or {}
         try:
             return datetime.fromisoformat(record["created_time"])
         except (KeyError, TypeError, ValueError):
             return datetime.fromtimestamp((run_dir / RUN_FILE).lstat().st_mtime, UTC)
 
     def _training_run(self, run_dir: Path) -> types.TrainingRun:
-        record = store_paths.read_json(run_dir / RUN_FILE)
+        record = paths.read_json(run_dir / RUN_FILE)
         if record is None or "base_model" not in record:
             return types.TrainingRun(
                 training_run_id=run_dir.name, base_model="<unreadable run.json>", corrupted=True
@@ -384,12 +384,12 @@ class CheckpointStore:
         if self._load_checkpoint(run_dir, kind, name, tinker_path) is not None and not overwrite:
             raise self._conflict(tinker_path)
         self._recover_run(run_dir)
-        tmp = staging / store_staging.staging_name("new", kind, name)
+        tmp = staging / crash_safety.staging_name("new", kind, name)
         tmp.mkdir()
         try:
             writer(tmp)
-            store_paths.check_tree(self.root, tmp, tinker_path)
-            store_staging.fsync_tree(tmp)
+            paths.check_tree(self.root, tmp, tinker_path)
+            crash_safety.fsync_tree(tmp)
             record = {
                 "checkpoint_type": _KIND_TO_TYPE[kind],
                 "time": _now().isoformat(),
@@ -399,11 +399,11 @@ class CheckpointStore:
                 "metadata": metadata,
             }
             # checkpoint.json last: its presence is what marks the directory complete.
-            store_staging.write_json_atomic(tmp / CHECKPOINT_FILE, record, staging)
+            crash_safety.write_json_atomic(tmp / CHECKPOINT_FILE, record, staging)
             self._move_into_place(tmp, target, tinker_path, overwrite, staging)
         finally:
-            store_paths.remove_tree(tmp)  # a failed save, or the old checkpoint after an exchange
-        store_paths.remove_tree(archives)
+            paths.remove_tree(tmp)  # a failed save, or the old checkpoint after an exchange
+        paths.remove_tree(archives)
         self.touch_run(run_id)
         return self._checkpoint_from_record(run_id, kind, name, record)
 
@@ -418,22 +418,22 @@ class CheckpointStore:
             target.parent.mkdir(exist_ok=True)
             exists = os.path.lexists(self._checked(target, tinker_path))
             if exists:
-                if not store_paths.is_real_dir(target):
-                    raise store_paths.unsafe_entry(self.root, target, tinker_path)
+                if not paths.is_real_dir(target):
+                    raise paths.unsafe_entry(self.root, target, tinker_path)
                 record = _read_checkpoint_record(target)
                 if record is not None and not _expired(record) and not overwrite:
                     raise self._conflict(tinker_path)
             try:
                 if exists:
-                    store_staging.replace_dir(tmp, target, staging, CHECKPOINT_FILE)
+                    crash_safety.replace_dir(tmp, target, staging, CHECKPOINT_FILE)
                 else:
                     os.rename(tmp, target)
             except OSError as e:  # another process created the same checkpoint in the meantime
-                if store_paths.is_regular_file(target / CHECKPOINT_FILE):
+                if paths.is_regular_file(target / CHECKPOINT_FILE):
                     raise errors.ConflictError(f"checkpoint {tinker_path} was written concurrently: {e}") from None
                 raise
-            store_staging.fsync_dir(target.parent)
-            store_staging.fsync_dir(staging)
+            crash_safety.fsync_dir(target.parent)
+            crash_safety.fsync_dir(staging)
 
     @staticmethod
     def _expires_at(ttl_seconds: int | None) -> datetime | None:
@@ -455,12 +455,12 @@ class CheckpointStore:
     ) -> dict[str, Any] | None:
         """The checkpoint.json of a complete, unexpired checkpoint, else None (expired ones are removed).
 
-        Raises store_paths.UnsafeStoreEntryError if the checkpoint's path or any file in it is a symlink.
+        Raises paths.UnsafeStoreEntryError if the checkpoint's path or any file in it is a symlink.
         """
         ckpt_dir = self._checked(run_dir / kind / name, subject)
-        if not store_paths.is_real_dir(ckpt_dir):
+        if not paths.is_real_dir(ckpt_dir):
             return None
-        store_paths.check_tree(self.root, ckpt_dir, subject)
+        paths.check_tree(self.root, ckpt_dir, subject)
         record = _read_checkpoint_record(ckpt_dir)
         if record is None:
             return None
@@ -475,8 +475,8 @@ class CheckpointStore:
         archives = self._archive_dir(run_dir, kind, name, subject)
         staging = self._staging(run_dir, subject)
         with self._lock:
-            store_staging.discard(ckpt_dir, staging)
-        store_paths.remove_tree(archives)
+            crash_safety.discard(ckpt_dir, staging)
+        paths.remove_tree(archives)
 
     def _resolve(self, tinker_path: str) -> tuple[str, CheckpointKind, str, Path, dict[str, Any]]:
         """Parse and look up a path: (run_id, kind, name, directory, checkpoint.json)."""
@@ -488,7 +488,7 @@ class CheckpointStore:
             # A process killed while overwriting it may have left it as a backup: put that back and look again.
             try:
                 self._recover_run(run_dir)
-            except store_paths.UnsafeStoreEntryError:
+            except paths.UnsafeStoreEntryError:
                 pass  # a symlinked staging directory: not what this lookup is about; a write reports it
             record = self._load_checkpoint(run_dir, kind, name, tinker_path)
         if record is None:
@@ -545,7 +545,7 @@ class CheckpointStore:
         """Live checkpoints of a run; entries the store refuses to serve (symlinks) are skipped."""
         for kind in KINDS:
             kind_dir = run_dir / kind
-            if not store_paths.is_real_dir(kind_dir):
+            if not paths.is_real_dir(kind_dir):
                 continue
             for entry in os.scandir(kind_dir):
                 if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
@@ -553,7 +553,7 @@ class CheckpointStore:
                 subject = make_tinker_path(run_dir.name, kind, entry.name)
                 try:
                     record = self._load_checkpoint(run_dir, kind, entry.name, subject)
-                except store_paths.UnsafeStoreEntryError:
+                except paths.UnsafeStoreEntryError:
                     continue
                 if record is not None:
                     yield self._checkpoint_from_record(run_dir.name, kind, entry.name, record)
@@ -602,7 +602,7 @@ class CheckpointStore:
             run_id, _, _, ckpt_dir, record = self._resolve(tinker_path)
             staging = self._staging(self.runs_dir / run_id, tinker_path)
             record.update(changes)
-            store_staging.write_json_atomic(ckpt_dir / CHECKPOINT_FILE, record, staging)
+            crash_safety.write_json_atomic(ckpt_dir / CHECKPOINT_FILE, record, staging)
 
     def set_public(self, tinker_path: str, public: bool) -> None:
         self._update_record(tinker_path, public=bool(public))
@@ -619,19 +619,19 @@ class CheckpointStore:
         # Keyed by the checkpoint's write time, so an overwritten checkpoint never serves a stale archive.
         stamp = datetime.fromisoformat(record["time"]).strftime("%Y%m%dT%H%M%S%f")
         tar_path = cache_dir / f"{run_id}_{kind}_{name}_{stamp}.tar"
-        if store_paths.is_regular_file(tar_path):
+        if paths.is_regular_file(tar_path):
             return tar_path
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = cache_dir / f".{uuid.uuid4().hex}.tmp"
         try:
             with tarfile.open(tmp, "w") as tar:
                 for file in sorted(ckpt_dir.rglob("*")):
-                    if store_paths.is_regular_file(file) and file.name != CHECKPOINT_FILE:
+                    if paths.is_regular_file(file) and file.name != CHECKPOINT_FILE:
                         tar.add(file, arcname=file.relative_to(ckpt_dir).as_posix(), recursive=False)
             os.replace(tmp, tar_path)
         finally:
-            store_paths.remove_tree(tmp)
+            paths.remove_tree(tmp)
         for stale in cache_dir.glob("*.tar"):
             if stale != tar_path:
-                store_paths.remove_tree(stale)
+                paths.remove_tree(stale)
         return tar_path

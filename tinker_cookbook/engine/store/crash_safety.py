@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tinker_cookbook.engine import store_paths
+from tinker_cookbook.engine.store import paths
 
 # A staging entry this old is stale even if a process with its pid is alive: pids get reused, and no save takes
 # a day. Entries of dead processes are stale at once.
@@ -71,7 +71,7 @@ def write_json_atomic(path: Path, data: dict[str, Any], staging: Path) -> None:
         os.replace(tmp, path)
         fsync_dir(path.parent)
     finally:
-        store_paths.remove_tree(tmp)
+        paths.remove_tree(tmp)
 
 
 # -------------------------------------------------------------------------------------------------------------
@@ -174,7 +174,7 @@ def discard(path: Path, staging: Path) -> None:
         os.rename(path, trash)
     except FileNotFoundError:  # nothing there, or someone else removed it first
         return
-    store_paths.remove_tree(trash)
+    paths.remove_tree(trash)
 
 
 def replace_dir(new: Path, target: Path, staging: Path, complete_marker: str) -> None:
@@ -192,13 +192,13 @@ def replace_dir(new: Path, target: Path, staging: Path, complete_marker: str) ->
     try:
         os.rename(new, target)
     except OSError as e:
-        if not store_paths.is_regular_file(target / complete_marker):  # nothing took its place: put it back
+        if not paths.is_regular_file(target / complete_marker):  # nothing took its place: put it back
             os.rename(backup, target)
             raise
-        store_paths.remove_tree(backup)
+        paths.remove_tree(backup)
         raise FileExistsError(e.errno, f"{target} was written concurrently") from e
     fsync_dir(target.parent)  # the new one is durably in place before the old one goes
-    store_paths.remove_tree(backup)
+    paths.remove_tree(backup)
 
 
 def clean_staging(staging: Path, backup_target: Callable[[StagingEntry], Path | None], complete_marker: str) -> None:
@@ -212,13 +212,13 @@ def clean_staging(staging: Path, backup_target: Callable[[StagingEntry], Path | 
         entry = parse_staging_name(dir_entry.name)
         if not is_stale(path, entry):
             continue
-        if entry is None or entry.role != "old" or not store_paths.is_real_dir(path):
-            store_paths.remove_tree(path)
+        if entry is None or entry.role != "old" or not paths.is_real_dir(path):
+            paths.remove_tree(path)
             continue
         target = backup_target(entry)
         if target is None:
             continue
-        if not store_paths.is_regular_file(target / complete_marker):
+        if not paths.is_regular_file(target / complete_marker):
             discard(target, staging)  # debris of an incomplete directory, if any
             target.parent.mkdir(exist_ok=True)
             try:

@@ -31,10 +31,11 @@ import safetensors.torch
 import torch
 from transformers import PreTrainedModel
 
-from tinker_cookbook.engine import frozen_linear, fused_layers, losses, multi_lora, passes, vision
+from tinker_cookbook.engine import vision
 from tinker_cookbook.engine.device import fast_fp32_matmuls
 from tinker_cookbook.engine.models import ModelSpec
-from tinker_cookbook.engine.optimizer import AdamW, InvalidState, NonFiniteStep
+from tinker_cookbook.engine.training import frozen_linear, fused_layers, losses, multi_lora, passes
+from tinker_cookbook.engine.training.optimizer import AdamW, InvalidState, NonFiniteStep
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError, TinkerError, UnprocessableEntityError
 

@@ -4,11 +4,11 @@ The sampler advances hundreds of sequences per decode step; HF modules with ``Dy
 Python bookkeeping and small ops than in the matmuls at these sizes. This module keeps only what sampling needs:
 
 - weights fused per layer (``q|k|v`` and ``gate|up`` are one matmul each), LoRA merged once per snapshot
-  (``W + scale * B @ A``; or kept apart and added per row, see ``sampler_lora``), bf16 weights pre-packed for
+  (``W + scale * B @ A``; or kept apart and added per row, see ``sampling.lora``), bf16 weights pre-packed for
   oneDNN, tied embeddings shared with the unembedding;
 - ``prefill``: several prompts packed into one token matrix (no padding) for the linear layers, causal attention per
   prompt, returning each prompt's K/V and final hidden states;
-- ``decode`` (``sampler_decode``): one token for each of ``n`` sequences against a slot-major K/V cache;
+- ``decode`` (``sampling.decode``): one token for each of ``n`` sequences against a slot-major K/V cache;
 - ``logits``: the unembedding, with the largest logits of each row recomputed in fp32 when the weights are bf16.
 
 Precision: the residual stream, norms, RoPE, attention (scores, softmax, weighted sum) and the logits run in fp32;
@@ -29,8 +29,9 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from tinker_cookbook.engine import decode_kernel, frozen_linear
-from tinker_cookbook.engine.passes import shared_prefix_length
+from tinker_cookbook.engine.kernels import decode_kernel
+from tinker_cookbook.engine.training import frozen_linear
+from tinker_cookbook.engine.training.passes import shared_prefix_length
 from tinker_cookbook.tinker.errors import BadRequestError
 
 if TYPE_CHECKING:
@@ -173,7 +174,7 @@ class DecoderWeights:
 
     def unembed_update(self, x: torch.Tensor, columns: torch.Tensor) -> torch.Tensor | None:
         """What an unmerged LoRA adds to the logits at ``columns [rows, k]`` of normed hidden states ``x [rows, H]``
-        (``[rows, k]`` fp32), or None: merged weights have none (``sampler_lora``'s views override this)."""
+        (``[rows, k]`` fp32), or None: merged weights have none (``sampling.lora``'s views override this)."""
         return None
 
     def num_bytes(self) -> int:
@@ -344,7 +345,7 @@ def parse_adapter(
     adapter_config: Mapping[str, Any] | None,
 ) -> tuple[dict[str, LoraDelta], dict[str, torch.Tensor]]:
     """A PEFT adapter's LoRA deltas ``{base weight key: delta}`` and full-weight overrides ``{base key: tensor}``,
-    validated against the base (merged or kept apart, see ``sampler_lora``)."""
+    validated against the base (merged or kept apart, see ``sampling.lora``)."""
     if adapter_config is None:
         raise BadRequestError("adapter_state was given without adapter_config; pass the PEFT LoraConfig dict")
     pairs, overrides = split_adapter_state(adapter_state)
@@ -543,7 +544,7 @@ def logits(weights: DecoderWeights, h: torch.Tensor, also: torch.Tensor | None =
         columns = torch.cat([columns, also], dim=-1)
     rows = weights.lm_head[columns].float()  # [rows, k, H]
     exact = torch.bmm(rows, x[:, :, None])[..., 0]
-    update = weights.unembed_update(x, columns)  # an unmerged LoRA on the unembedding (sampler_lora)
+    update = weights.unembed_update(x, columns)  # an unmerged LoRA on the unembedding (sampling.lora)
     if update is not None:
         exact += update
     return out.scatter_(1, columns, exact)

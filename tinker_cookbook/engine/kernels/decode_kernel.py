@@ -5,7 +5,7 @@ those calls, not the weights' memory traffic, took a third of the step. Here eac
 updates included) and four calls into a small C library: add-residual + RMSNorm, q/k norms + rotary embedding + K/V
 cache write + attention over the cache, add-residual + RMSNorm, SiLU·up.
 
-The same library does the matmuls of up to ``MATMUL_MAX_ROWS`` rows (``matmul``, through ``sampler_model.Linear``):
+The same library does the matmuls of up to ``MATMUL_MAX_ROWS`` rows (``matmul``, through ``sampling.decoder_model.Linear``):
 it reads the weight in the layout oneDNN packed it in (checked per shape), so no second copy is held, and shares its
 blocks of 64 outputs between the calling thread and helper threads. A batch-1 step is bound by reading the weights,
 and one core does not saturate the memory bus. Larger matmuls (prefill, big decode batches) stay oneDNN's.
@@ -38,8 +38,8 @@ from tinker_cookbook.base.assets import cache_dir
 from tinker_cookbook.tinker.errors import BadRequestError
 
 if TYPE_CHECKING:
-    from tinker_cookbook.engine.sampler_decode import SharedPrompts
-    from tinker_cookbook.engine.sampler_model import DecoderWeights
+    from tinker_cookbook.engine.sampling.decode import SharedPrompts
+    from tinker_cookbook.engine.sampling.decoder_model import DecoderWeights
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ def _shape_stride(out_features: int, in_features: int) -> int | None:
     """The block stride of oneDNN's packing of fp32 ``[out, in]`` weights when it is the layout ``tc_matmul`` reads,
     else None. The layout depends on the shape (and the CPU), not on the values: checked on weights whose every
     element holds its own row (then column) index, exact in fp32 at these sizes."""
-    from tinker_cookbook.engine import frozen_linear
+    from tinker_cookbook.engine.training import frozen_linear
 
     o = torch.arange(out_features, dtype=torch.float32)[:, None].expand(out_features, in_features)
     i = torch.arange(in_features, dtype=torch.float32)[None, :].expand(out_features, in_features)
@@ -311,7 +311,7 @@ def decode(
     shared: SharedPrompts | None = None,
     rope_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``sampler_decode.decode`` (same arguments and result) with the element-wise work in the compiled library;
+    """``sampling.decode.decode`` (same arguments and result) with the element-wise work in the compiled library;
     call only where ``usable`` and ``accepts`` hold."""
     lib = library()
     assert lib is not None

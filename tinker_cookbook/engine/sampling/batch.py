@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from tinker_cookbook.engine.sampler_decode import SharedPrompts
-from tinker_cookbook.engine.sampler_model import DecoderSpec, top_columns
+from tinker_cookbook.engine.sampling.decode import SharedPrompts
+from tinker_cookbook.engine.sampling.decoder_model import DecoderSpec, top_columns
 from tinker_cookbook.tinker import types
 
 # Top-p first looks for the nucleus among this many most likely tokens and sorts the full vocabulary only for rows
@@ -203,7 +203,7 @@ class PromptPool:
             self.kv.release()
 
     def shared(self, of_row: list[int]) -> SharedPrompts:
-        """The view ``sampler_decode.decode`` reads, for sequences continuing the prompts in slots ``of_row``."""
+        """The view ``sampling.decode.decode`` reads, for sequences continuing the prompts in slots ``of_row``."""
         assert self.kv.cache is not None
         device = self.kv.device
         return SharedPrompts(

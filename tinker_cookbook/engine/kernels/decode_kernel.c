@@ -63,7 +63,7 @@ CLONES void tc_silu_mul(const float *gate_up, float *out, int64_t rows, int64_t 
 }
 
 /* Rotate one head x [hd] in place: x * cos + roll(x, hd/2) * sin, with cos/sin scaled by `scale` first (the
- * signed-sin table has rotate_half's sign folded into its first half, as in sampler_model). */
+ * signed-sin table has rotate_half's sign folded into its first half, as in sampling.decoder_model). */
 INLINE void rope_head(float *x, const float *cos_row, const float *sin_row, int64_t hd, float scale, float *tmp) {
     int64_t half = hd / 2;
     memcpy(tmp, x, (size_t)hd * sizeof(float));

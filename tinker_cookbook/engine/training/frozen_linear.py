@@ -18,7 +18,7 @@ where the engine leaves the unembedding fp32 and unpacked). A module
 whose weight is changed in place after packing is re-packed on its next call (checked through the tensor's
 version counter), so a packed copy never serves stale weights.
 
-The probe and the packing are plain functions of a weight; the sampler's weights (``sampler_model.Linear``)
+The probe and the packing are plain functions of a weight; the sampler's weights (``sampling.decoder_model.Linear``)
 use them too.
 """
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from tinker_cookbook.engine import fused_layers
+from tinker_cookbook.engine.training import fused_layers
 
 LOGPROB_CHUNK_TOKENS = 256
 """Target positions per unembedding chunk: each chunk's fp32 logits ([chunk, vocabulary]) exist only while its loss

@@ -11,7 +11,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from tinker_cookbook.engine.sampler_batch import RowParams
+from tinker_cookbook.engine.sampling.batch import RowParams
 from tinker_cookbook.engine.vision import PromptVision, SamplerVision, expand_model_input
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError

@@ -1,6 +1,6 @@
 """LoRA snapshots that share one base in the sampler: the adapter kept apart and applied per row.
 
-A merged snapshot (``sampler_model.build_decoder_weights`` with an adapter) holds a full copy of the fused weights,
+A merged snapshot (``decoder_model.build_decoder_weights`` with an adapter) holds a full copy of the fused weights,
 ``W + scale * B @ A``, and decodes in a batch of its own. That is the fastest for a small model on a CPU, but for a
 large model every snapshot costs a copy of the model, and requests of different snapshots cannot share a decode
 step. In the unmerged mode a snapshot holds only its LoRA factors (``Adapter``) next to one fused base shared by all
@@ -32,8 +32,9 @@ from typing import Any, Literal
 import torch
 import transformers
 
-from tinker_cookbook.engine import base_cache, sampler_model
-from tinker_cookbook.engine.sampler_model import DecoderWeights, LayerWeights, Linear, LoraDelta
+from tinker_cookbook.engine import base_cache
+from tinker_cookbook.engine.sampling import decoder_model
+from tinker_cookbook.engine.sampling.decoder_model import DecoderWeights, LayerWeights, Linear, LoraDelta
 from tinker_cookbook.tinker.errors import BadRequestError
 
 LORA_MODE_ENV = "TINKER_COOKBOOK_SAMPLER_LORA"
@@ -103,7 +104,7 @@ def shared_base(
     """The fused weights of ``base_state`` in ``dtype``, built once and shared while any snapshot holds them."""
     return base_cache.shared(
         ("decoder", dtype), base_state,
-        lambda: sampler_model.build_decoder_weights(config, base_state, None, None, dtype),
+        lambda: decoder_model.build_decoder_weights(config, base_state, None, None, dtype),
     )
 
 
@@ -226,8 +227,8 @@ def build_adapter(
 ) -> Adapter | None:
     """The adapter's factors beside ``base``; None when it must be merged (full-weight overrides, or a LoRA on
     the embedding). Validates as the merged path does (the same errors for the same bad input)."""
-    deltas, overrides = sampler_model.parse_adapter(base_state, adapter_state, adapter_config)
-    prefix = sampler_model._language_prefix(base_state)
+    deltas, overrides = decoder_model.parse_adapter(base_state, adapter_state, adapter_config)
+    prefix = decoder_model._language_prefix(base_state)
     embed_key = f"{prefix}embed_tokens.weight"
     # PEFT saves the unembedding's base weight beside its LoRA by default: a copy of the base changes nothing.
     changed = [k for k, t in overrides.items() if not _same(t, base_state.get(k, base_state[embed_key]))]

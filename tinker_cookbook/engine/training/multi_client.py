@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from tinker_cookbook.engine import multi_lora, passes
 from tinker_cookbook.engine.device import fast_fp32_matmuls
-from tinker_cookbook.engine.training import (
+from tinker_cookbook.engine.training import multi_lora, passes
+from tinker_cookbook.engine.training.session import (
     BaseModel,
     ForwardRequest,
     Outcome,

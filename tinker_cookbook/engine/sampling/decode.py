@@ -1,4 +1,4 @@
-"""One sampler decode step: a token for each of ``n`` sequences against the K/V cache (see ``sampler_model``).
+"""One sampler decode step: a token for each of ``n`` sequences against the K/V cache (see ``sampling.decoder_model``).
 
 Sequences read their prompt's K/V where the prompt pool stores it once for all its samples (``SharedPrompts``) and
 their own generated positions from their cache slot. On CPU in fp32 the step's element-wise work runs in the
@@ -13,8 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
-from tinker_cookbook.engine import decode_kernel
-from tinker_cookbook.engine.sampler_model import DecoderWeights, as_fp32, attention_inputs, finish_layer
+from tinker_cookbook.engine.kernels import decode_kernel
+from tinker_cookbook.engine.sampling.decoder_model import (
+    DecoderWeights,
+    as_fp32,
+    attention_inputs,
+    finish_layer,
+)
 
 
 @dataclass

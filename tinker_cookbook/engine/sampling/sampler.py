@@ -17,7 +17,7 @@ How requests run (one background worker thread):
   of which keeps only its generated tokens' K/V in its own cache slot. Their first tokens are drawn together from
   the prompts' last logits, computed once per distinct prompt.
 - Every decode step advances all active sequences of a decoder together: those of a merged snapshot, or those of a
-  base model and of all its unmerged LoRA snapshots, each row with its own adapter (``sampler_lora``; which
+  base model and of all its unmerged LoRA snapshots, each row with its own adapter (``sampling.lora``; which
   snapshots merge: ``$TINKER_COOKBOOK_SAMPLER_LORA``). Finished sequences leave the batch at once (their slot is
   refilled by the last sequence), new ones join at the next step.
 
@@ -57,16 +57,18 @@ from typing import Any, Self
 import torch
 import transformers
 
-from tinker_cookbook.engine import decode_kernel, sampler_decode, sampler_lora, sampler_model, vision
+from tinker_cookbook.engine import vision
 from tinker_cookbook.engine.exit_hooks import CloseAtExit
-from tinker_cookbook.engine.sampler_batch import (
+from tinker_cookbook.engine.kernels import decode_kernel
+from tinker_cookbook.engine.sampling import decode, decoder_model, lora
+from tinker_cookbook.engine.sampling.batch import (
     KVPool,
     PromptPool,
     Sequence,
     finish_reason,
     select_tokens,
 )
-from tinker_cookbook.engine.sampler_requests import (
+from tinker_cookbook.engine.sampling.requests import (
     DEFAULT_MAX_TOKENS,
     ModelLimits,
     SampleRequest,
@@ -132,14 +134,14 @@ class SamplingWeights:
     """Immutable weights of one model snapshot for sampling: base + optional LoRA, merged once, or kept apart.
 
     Compared and hashed by identity. Snapshots with their own (merged) decoder each decode in a batch of their own;
-    unmerged snapshots of one base and that base itself share its decoder and decode together (``sampler_lora``).
+    unmerged snapshots of one base and that base itself share its decoder and decode together (``sampling.lora``).
     """
 
-    decoder: sampler_model.DecoderWeights
+    decoder: decoder_model.DecoderWeights
     """The fused weights the snapshot decodes with: its merged copy, or the base shared with other snapshots."""
 
     limits: ModelLimits
-    adapter: sampler_lora.Adapter | None = None
+    adapter: lora.Adapter | None = None
     """The unmerged LoRA applied on top of ``decoder`` (None: nothing to add)."""
 
     @classmethod
@@ -157,19 +159,19 @@ class SamplingWeights:
         ``base_state`` holds plain HF keys and is only read (merged tensors are new copies). ``adapter_state`` holds
         PEFT saved-format keys; the update is ``lora_alpha / r * B @ A`` (``/ sqrt(r)`` with rsLoRA), merged into
         a copy of the weights or kept apart on the shared base: ``lora_mode`` merged | unmerged | auto (None:
-        ``$TINKER_COOKBOOK_SAMPLER_LORA``, else auto), see ``sampler_lora``.
+        ``$TINKER_COOKBOOK_SAMPLER_LORA``, else auto), see ``sampling.lora``.
         """
-        decoder: sampler_model.DecoderWeights | None = None
+        decoder: decoder_model.DecoderWeights | None = None
         adapter = None
-        if sampler_lora.use_unmerged(sampler_lora.lora_mode(lora_mode), base_state, dtype):
-            base = sampler_lora.shared_base(config, base_state, dtype)
+        if lora.use_unmerged(lora.lora_mode(lora_mode), base_state, dtype):
+            base = lora.shared_base(config, base_state, dtype)
             if not adapter_state:
                 decoder = base
             else:
-                adapter = sampler_lora.build_adapter(base, base_state, adapter_state, adapter_config)
+                adapter = lora.build_adapter(base, base_state, adapter_state, adapter_config)
                 decoder = base if adapter is not None else None
         if decoder is None:
-            decoder = sampler_model.build_decoder_weights(config, base_state, adapter_state, adapter_config, dtype)
+            decoder = decoder_model.build_decoder_weights(config, base_state, adapter_state, adapter_config, dtype)
         spec = decoder.spec
         limits = ModelLimits(
             vocab_size=spec.vocab_size,
@@ -181,7 +183,7 @@ class SamplingWeights:
         return cls(decoder=decoder, limits=limits, adapter=adapter)
 
     @property
-    def model(self) -> sampler_model.DecoderWeights:
+    def model(self) -> decoder_model.DecoderWeights:
         """The decoder with this snapshot's adapter on every row."""
         return self.decoder if self.adapter is None else self.adapter.alone()
 
@@ -259,9 +261,9 @@ class _Request:
 class _Batch:
     """Requests and sequences of one decoder: a merged snapshot, or a base and its unmerged snapshots."""
 
-    def __init__(self, decoder: sampler_model.DecoderWeights):
+    def __init__(self, decoder: decoder_model.DecoderWeights):
         self.decoder = decoder
-        dtype = sampler_model.kv_cache_dtype(decoder)
+        dtype = decoder_model.kv_cache_dtype(decoder)
         self.pool = KVPool(decoder.spec, dtype, decoder.device)
         """Each decoding sequence's generated tokens."""
 
@@ -468,11 +470,11 @@ class SamplerEngine:
         try:
             limits = requests[0].weights.limits
             images = limits.vision.pack([prompts[k] for k in distinct]) if limits.vision is not None else None
-            result = sampler_model.prefill(decoder, [prompts[k][0] for k in distinct], batch.pool.dtype, images)
+            result = decoder_model.prefill(decoder, [prompts[k][0] for k in distinct], batch.pool.dtype, images)
             # The last position's hidden state of each distinct prompt: every sample of every request with that
             # prompt draws its first token from these logits, computed once in one matmul.
             last_hidden = torch.cat([hidden[-1:] for hidden in result.hidden])
-            last_logits = sampler_model.logits(decoder, last_hidden)
+            last_logits = decoder_model.logits(decoder, last_hidden)
         except Exception as error:  # noqa: BLE001 - isolate the request that breaks the forward
             if len(requests) == 1:
                 self._fail(requests[0], error)
@@ -514,7 +516,7 @@ class SamplerEngine:
         request.prompt_logprobs = scored if spec.include_prompt_logprobs else None
         request.topk_prompt_logprobs = topk
 
-    def _first_tokens(self, batch: _Batch, decoder: sampler_model.DecoderWeights, started: list[tuple[_Request, int]],
+    def _first_tokens(self, batch: _Batch, decoder: decoder_model.DecoderWeights, started: list[tuple[_Request, int]],
                       last_logits: torch.Tensor, last_hidden: torch.Tensor) -> None:
         """Draw every sample's first token from its prompt's last logits (row ``row`` of ``last_logits``), all
         requests of a prefill together, and queue the unfinished samples for cache slots."""
@@ -547,7 +549,7 @@ class SamplerEngine:
                     last_logits[rows],
                     [s.params for s, _ in chunk],
                     [s.next_uniform() for s, _ in chunk],
-                    lambda chosen: sampler_model.token_logits(decoder, last_hidden[rows], chosen),  # noqa: B023
+                    lambda chosen: decoder_model.token_logits(decoder, last_hidden[rows], chosen),  # noqa: B023
                 )
             except Exception as error:  # noqa: BLE001 - fail the requests of this chunk, not the others
                 for sequence, _ in chunk:
@@ -602,7 +604,7 @@ class SamplerEngine:
     def _decode(self, batch: _Batch) -> None:
         """Advance every active sequence of ``batch`` by one token."""
         active = batch.active
-        decoder = sampler_lora.for_rows(batch.decoder, [s.request.weights.adapter for s in active])
+        decoder = lora.for_rows(batch.decoder, [s.request.weights.adapter for s in active])
         positions = [s.cached for s in active]
         rope = [s.cached + s.rope_delta for s in active]  # differs after images (multimodal positions)
         attend = max(s.generated_cached for s in active) + 1
@@ -610,7 +612,7 @@ class SamplerEngine:
         batch.pool.ensure(len(active), attend, used_slots=len(active), used_length=attend - 1)
         try:
             device = decoder.device
-            hidden = sampler_decode.decode(
+            hidden = decode.decode(
                 decoder,
                 batch.pool.cache,  # type: ignore[arg-type]
                 torch.tensor([s.tokens[-1] for s in active], device=device),
@@ -619,12 +621,12 @@ class SamplerEngine:
                 batch.prompts.shared([s.prompt.slot for s in active]),  # type: ignore[union-attr]
                 torch.tensor(rope, device=device) if rope != positions else None,
             )
-            logits = sampler_model.logits(decoder, hidden)
+            logits = decoder_model.logits(decoder, hidden)
             tokens, logprobs = select_tokens(
                 logits,
                 [s.params for s in active],
                 [s.next_uniform() for s in active],
-                lambda chosen: sampler_model.token_logits(decoder, hidden, chosen),
+                lambda chosen: decoder_model.token_logits(decoder, hidden, chosen),
             )
         except Exception as error:  # noqa: BLE001 - the step failed for all its sequences; others keep going
             for sequence in active:
@@ -640,7 +642,7 @@ class SamplerEngine:
         ]
         self._compact(batch, leaving)
 
-    def _use_threads(self, decoder: sampler_model.DecoderWeights, decode_rows: int | None) -> None:
+    def _use_threads(self, decoder: decoder_model.DecoderWeights, decode_rows: int | None) -> None:
         """One CPU thread for a small decode step, all of them for prefill (``decode_rows`` None) and larger steps.
 
         Only the worker's own count changes (``LocalThreads``): a training step running meanwhile keeps its threads.
@@ -752,7 +754,7 @@ def _settle(
 
 
 def _score_prompt(
-    decoder: sampler_model.DecoderWeights, hidden: torch.Tensor, prompt: list[int], topk: int
+    decoder: decoder_model.DecoderWeights, hidden: torch.Tensor, prompt: list[int], topk: int
 ) -> tuple[list[float | None], list[list[tuple[int, float]] | None] | None]:
     """Logprob of each prompt token given the ones before (first None), and optionally the top-k at each position."""
     scored: list[float | None] = [None]
@@ -762,7 +764,7 @@ def _score_prompt(
         end = min(start + _SCORE_CHUNK, len(prompt) - 1)
         chunk_targets = targets[start:end, None]
         logprobs = torch.log_softmax(
-            sampler_model.logits(decoder, hidden[start:end], also=chunk_targets), dim=-1
+            decoder_model.logits(decoder, hidden[start:end], also=chunk_targets), dim=-1
         )
         scored += logprobs.gather(1, chunk_targets)[:, 0].tolist()
         if ranked is not None:
