@@ -118,14 +118,13 @@ def matmul_read_bandwidth_gbs() -> float | None:
     import torch
 
     try:
-        from tinker_cookbook.engine.kernels import decode_kernel
-        from tinker_cookbook.engine.training import frozen_linear
+        from tinker_cookbook.engine.kernels import decode_kernel, onednn
     except ImportError:
         return None
-    if not frozen_linear.can_pack(torch.float32):
+    if not onednn.can_pack(torch.float32):
         return None
     weight = torch.ones(2**16, 2**11)
-    packed = frozen_linear.pack(weight, torch.float32)
+    packed = onednn.pack(weight, torch.float32)
     blocked = decode_kernel.blocked(packed, weight)
     if blocked is None:
         return None

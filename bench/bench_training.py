@@ -196,9 +196,9 @@ def export_tree(ref: str, into: Path) -> Path:
 
 def child(side: str, model: str, steps: int) -> None:
     if side == "engine-unpacked":
-        from tinker_cookbook.engine.training import session as training
+        from tinker_cookbook.engine import settings
 
-        training.PACK_FP32_BASE = False  # the fp32 base through F.linear (packed by default: see its docstring)
+        settings.PACK_FP32_BASE = False  # the fp32 base through F.linear (packed by default: see its docstring)
     result = run_engine(model, steps) if side.startswith("engine") else run_baseline(model, steps)
     print("RESULT " + json.dumps(result), flush=True)
 

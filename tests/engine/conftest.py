@@ -38,15 +38,15 @@ def engine() -> Iterator[SamplerEngine]:
 @pytest.fixture
 def group_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """A list that receives each training group's padded size (rows x longest row), in the order the engine runs
-    them (a spy on ``TrainingSession._run_group``, for this test only)."""
-    from tinker_cookbook.engine.training import session as training
+    them (a spy on ``forward.run_group``, for this test only)."""
+    from tinker_cookbook.engine.training import forward
 
     sizes: list[int] = []
-    original = training.TrainingSession._run_group
+    original = forward.run_group
 
-    def spy(self: Any, model: Any, items: list[Any], *args: Any, **kwargs: Any) -> Any:
+    def spy(base: Any, model: Any, items: list[Any], *args: Any, **kwargs: Any) -> Any:
         sizes.append(len(items) * max(len(item.input_ids) for item in items))
-        return original(self, model, items, *args, **kwargs)
+        return original(base, model, items, *args, **kwargs)
 
-    monkeypatch.setattr(training.TrainingSession, "_run_group", spy)
+    monkeypatch.setattr(forward, "run_group", spy)
     return sizes

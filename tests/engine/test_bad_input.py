@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tinker_cookbook import tinker
-from tinker_cookbook.engine.training import session as training
+from tinker_cookbook.engine.training import forward
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError, InternalServerError
 
@@ -176,7 +176,7 @@ def test_engine_bug_is_an_internal_error_with_its_cause(tc: tinker.TrainingClien
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise error
 
-    monkeypatch.setattr(training.TrainingSession, "_run_batch", broken)
+    monkeypatch.setattr(forward, "run_batch", broken)
     with pytest.raises(InternalServerError, match=f"the engine failed: {type(error).__name__}") as info:
         tc.forward_backward([GOOD], "cross_entropy").result()
     assert not isinstance(info.value, BadRequestError)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tinker_cookbook.engine import settings
 from tinker_cookbook.engine.store import checkpoint_store as cs
 from tinker_cookbook.engine.store.checkpoint_store import CheckpointStore
 from tinker_cookbook.tinker import errors, types
@@ -51,9 +52,9 @@ def _visible_entries(store: CheckpointStore, run_id: str) -> list[str]:
 
 
 def test_root_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(cs.HOME_ENV_VAR, str(tmp_path / "elsewhere"))
+    monkeypatch.setenv(settings.HOME_ENV, str(tmp_path / "elsewhere"))
     assert CheckpointStore().root == tmp_path / "elsewhere"
-    monkeypatch.delenv(cs.HOME_ENV_VAR)
+    monkeypatch.delenv(settings.HOME_ENV)
     monkeypatch.setenv("HOME", str(tmp_path))  # opening a store cleans it up: never touch the real home
     assert CheckpointStore().root == tmp_path / ".tinker_cookbook"
 
@@ -238,7 +239,7 @@ def test_cli_run_info_unknown_lists_run_ids(
 ) -> None:
     from tinker_cookbook import cli
 
-    monkeypatch.setenv(cs.HOME_ENV_VAR, str(store.root))
+    monkeypatch.setenv(settings.HOME_ENV, str(store.root))
     store.create_run("m", LORA, run_id="run-a")
     assert cli.main(["run", "info", "nope"]) == 1
     err = capsys.readouterr().err

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.engine.test_sampler import _tiny_llama, _tiny_qwen2, _tiny_qwen3, stored_prompts
+from tinker_cookbook.engine import settings
 from tinker_cookbook.engine.kernels import decode_kernel
 from tinker_cookbook.engine.sampling import decode as sampler_decode
 from tinker_cookbook.engine.sampling import decoder_model as sampler_model
@@ -43,9 +44,9 @@ def fresh_library(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[P
 
 
 def _decode_both(monkeypatch: pytest.MonkeyPatch, run: Callable[[], torch.Tensor]) -> tuple[Any, Any]:
-    monkeypatch.setenv(decode_kernel.ENV_VAR, "1")
+    monkeypatch.setenv(settings.DECODE_KERNEL_ENV, "1")
     compiled = run()
-    monkeypatch.setenv(decode_kernel.ENV_VAR, "0")
+    monkeypatch.setenv(settings.DECODE_KERNEL_ENV, "0")
     return compiled, run()
 
 
@@ -70,7 +71,7 @@ def test_compiled_decode_equals_torch_decode_with_shared_prompts(make: Any, monk
         tokens = torch.tensor([7 + 13 * row + step for row in range(5)])
 
         def run(positions: torch.Tensor = positions, tokens: torch.Tensor = tokens, step: int = step) -> Any:
-            cache = caches[os.environ[decode_kernel.ENV_VAR]]
+            cache = caches[os.environ[settings.DECODE_KERNEL_ENV]]
             return sampler_decode.decode(weights, cache, tokens, positions, step + 1, shared, positions + 5)
 
         compiled, reference = _decode_both(monkeypatch, run)
@@ -129,10 +130,10 @@ def test_sampler_engine_samples_the_same_with_and_without_the_kernel(
 
 
 def test_a_bad_switch_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(decode_kernel.ENV_VAR, "yes")
+    monkeypatch.setenv(settings.DECODE_KERNEL_ENV, "yes")
     with pytest.raises(BadRequestError, match="TINKER_COOKBOOK_DECODE_KERNEL='yes'.*set it to 1"):
         decode_kernel.enabled()
-    monkeypatch.setenv(decode_kernel.ENV_VAR, "0")
+    monkeypatch.setenv(settings.DECODE_KERNEL_ENV, "0")
     weights = SamplingWeights.build(_tiny_qwen3().config, _tiny_qwen3().state_dict(), None, None, torch.float32)
     assert not decode_kernel.usable(weights.decoder)
 

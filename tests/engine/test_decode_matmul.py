@@ -13,10 +13,10 @@ import torch
 
 from tests.engine.test_decode_kernel import cpu_with_a_compiler  # noqa: F401 - the module's autouse fixture
 from tests.engine.test_sampler import _tiny_qwen3
-from tinker_cookbook.engine.kernels import decode_kernel
+from tinker_cookbook.engine import settings
+from tinker_cookbook.engine.kernels import decode_kernel, onednn
 from tinker_cookbook.engine.sampling.decoder_model import Linear
 from tinker_cookbook.engine.sampling.sampler import SamplerEngine, SamplingWeights
-from tinker_cookbook.engine.training import frozen_linear
 from tinker_cookbook.tinker import types
 
 # (out, in): whole blocks of 64 outputs, a partial last block, an input count oneDNN pads, a single block.
@@ -25,7 +25,7 @@ SHAPES = [(192, 64), (100, 70), (33, 17), (64, 48)]
 
 @pytest.fixture(autouse=True)
 def packing_works() -> None:
-    if not frozen_linear.can_pack(torch.float32):
+    if not onednn.can_pack(torch.float32):
         pytest.skip("oneDNN fp32 packing does not work in this torch build")
 
 
@@ -98,7 +98,7 @@ def test_more_rows_than_the_limit_go_to_onednn(monkeypatch: pytest.MonkeyPatch) 
     assert linear.blocked is not None
     with pytest.raises(ValueError, match=r"fp32 \[rows, 64\]"):  # a width the C code would read past
         real(linear.blocked, None, torch.randn(1, 63))
-    monkeypatch.setenv(decode_kernel.ENV_VAR, "0")  # the switch turns these matmuls off too
+    monkeypatch.setenv(settings.DECODE_KERNEL_ENV, "0")  # the switch turns these matmuls off too
     linear.raw(torch.randn(1, 64))
     assert calls == [1, decode_kernel.MATMUL_MAX_ROWS]
 
@@ -112,7 +112,7 @@ def test_a_layout_other_than_the_one_read_is_refused(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(decode_kernel, "_BLOCK", 64)
     decode_kernel._layouts.clear()  # the per-shape cache (this test's own) remembered the refusal
     assert Linear.of(torch.randn(128, 64), None).blocked is not None
-    if frozen_linear.can_pack(torch.bfloat16):
+    if onednn.can_pack(torch.bfloat16):
         assert Linear.of(torch.randn(128, 64).bfloat16(), None).blocked is None
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tinker_cookbook.engine import device as engine_device
+from tinker_cookbook.engine import settings
 from tinker_cookbook.engine.models import get_model_spec, load_model
 from tinker_cookbook.engine.training.session import BaseModel, TrainingSession
 from tinker_cookbook.tinker import types
@@ -15,12 +16,12 @@ MODEL = "tinker-cookbook/tiny-smollm2"
 
 
 def test_device_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(engine_device.DEVICE_ENV, "cpu")
+    monkeypatch.setenv(settings.DEVICE_ENV, "cpu")
     assert engine_device.engine_device() == torch.device("cpu")
     assert engine_device.resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     with pytest.raises(BadRequestError, match="tpu"):
         engine_device.resolve_device("tpu")
-    monkeypatch.setenv(engine_device.DEVICE_ENV, "no-such-device")
+    monkeypatch.setenv(settings.DEVICE_ENV, "no-such-device")
     with pytest.raises(BadRequestError, match=r"\$TINKER_COOKBOOK_DEVICE='no-such-device'"):
         engine_device.engine_device()
     if not torch.cuda.is_available():
@@ -29,11 +30,11 @@ def test_device_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_base_dtype_and_announcement(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.delenv(engine_device.TRAIN_DTYPE_ENV, raising=False)
+    monkeypatch.delenv(settings.TRAIN_DTYPE_ENV, raising=False)
     assert engine_device.base_dtype(torch.device("cpu")) == torch.float32
-    monkeypatch.setenv(engine_device.TRAIN_DTYPE_ENV, "bf16")
+    monkeypatch.setenv(settings.TRAIN_DTYPE_ENV, "bf16")
     assert engine_device.base_dtype(torch.device("cpu")) == torch.bfloat16
-    monkeypatch.setenv(engine_device.TRAIN_DTYPE_ENV, "int8")
+    monkeypatch.setenv(settings.TRAIN_DTYPE_ENV, "int8")
     with pytest.raises(BadRequestError, match="int8"):
         engine_device.base_dtype(torch.device("cpu"))
     engine_device.announce(torch.device("cpu"), torch.bfloat16, torch.float32)

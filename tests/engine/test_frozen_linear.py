@@ -1,4 +1,4 @@
-"""The frozen base's Linear layers on packed oneDNN weights (``engine/frozen_linear.py``): values, input gradients,
+"""The frozen base's Linear layers on packed oneDNN weights (``engine/training/frozen_linear.py``): values, input gradients,
 fall-back, and a LoRA training step equal to the plain path."""
 
 from __future__ import annotations
@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tinker_cookbook.engine import settings
+from tinker_cookbook.engine.kernels import onednn
 from tinker_cookbook.engine.models import get_model_spec, load_model
 from tinker_cookbook.engine.training import frozen_linear
-from tinker_cookbook.engine.training import session as training
 from tinker_cookbook.engine.training.session import BaseModel, TrainingSession
 from tinker_cookbook.tinker import types
 
@@ -32,7 +33,7 @@ def _bound(a: torch.Tensor, b: torch.Tensor, unit_input: float, depth: int) -> t
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_forward_and_input_grad_match_float64(dtype: torch.dtype, bias: bool) -> None:
-    if not frozen_linear.can_pack(dtype):
+    if not onednn.can_pack(dtype):
         pytest.skip(f"oneDNN packing for {dtype} is unavailable on this CPU (the fall-back test covers that)")
     generator = torch.Generator().manual_seed(0)
     module = torch.nn.Linear(96, 160, bias=bias).requires_grad_(False)
@@ -59,7 +60,7 @@ def test_packed_linear_forward_and_input_grad_match_float64(dtype: torch.dtype, 
 
 
 def test_repacks_a_weight_changed_in_place() -> None:
-    if not frozen_linear.can_pack(torch.float32):
+    if not onednn.can_pack(torch.float32):
         pytest.skip("oneDNN fp32 packing is unavailable on this CPU")
     module = torch.nn.Linear(16, 8, bias=False).requires_grad_(False)
     frozen_linear.install(module, torch.float32)
@@ -75,7 +76,7 @@ def test_falls_back_when_packing_is_unavailable_or_not_applicable(monkeypatch: p
     """Nothing is installed where the probe failed, on a non-CPU weight, or on a trainable weight; uninstall
     restores F.linear."""
     plain = torch.nn.Linear(8, 4).requires_grad_(False)
-    monkeypatch.setitem(frozen_linear._packing_works, torch.float32, False)  # the probe's answer on such a CPU
+    monkeypatch.setitem(onednn._packing_works, torch.float32, False)  # the probe's answer on such a CPU
     assert frozen_linear.install(plain, torch.float32) == 0
     assert "forward" not in plain.__dict__
     monkeypatch.undo()
@@ -87,7 +88,7 @@ def test_falls_back_when_packing_is_unavailable_or_not_applicable(monkeypatch: p
     assert frozen_linear.install(trainable, torch.float32) == 0
     assert "forward" not in elsewhere.__dict__ and "forward" not in trainable.__dict__
 
-    if frozen_linear.can_pack(torch.float32):
+    if onednn.can_pack(torch.float32):
         frozen = torch.nn.Linear(8, 4).requires_grad_(False)
         frozen_linear.install(frozen, torch.float32)
         assert "forward" in frozen.__dict__
@@ -98,9 +99,9 @@ def test_falls_back_when_packing_is_unavailable_or_not_applicable(monkeypatch: p
 
 
 def _session(packed: bool, monkeypatch: pytest.MonkeyPatch) -> TrainingSession:
-    monkeypatch.setattr(training, "PACK_FP32_BASE", packed)
+    monkeypatch.setattr(settings, "PACK_FP32_BASE", packed)
     base = BaseModel(get_model_spec(MODEL), load_model(MODEL, torch.float32), torch.float32)
-    assert (base.packed_bytes > 0) == (packed and frozen_linear.can_pack(torch.float32))
+    assert (base.packed_bytes > 0) == (packed and onednn.can_pack(torch.float32))
     return TrainingSession(f"packed-{packed}", base, types.LoraConfig(rank=8, seed=5))
 
 

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from tinker_cookbook.engine import device as device_module
+from tinker_cookbook.engine import settings
 from tinker_cookbook.engine.models import get_model_spec, load_model
 from tinker_cookbook.engine.training import fused_layers
-from tinker_cookbook.engine.training import session as training
 from tinker_cookbook.engine.training.session import BaseModel, TrainingSession
 from tinker_cookbook.tinker import types
 
@@ -223,7 +223,7 @@ def test_short_attention_passes_are_fused_under_onednn_fp32_matmuls() -> None:
 
 
 def _session(model: str, fused: bool, monkeypatch: pytest.MonkeyPatch) -> TrainingSession:
-    monkeypatch.setattr(training, "FUSED_LAYERS", fused)
+    monkeypatch.setattr(settings, "FUSED_LAYERS", fused)
     base = BaseModel(get_model_spec(model), load_model(model, torch.float32), torch.float32)
     return TrainingSession(f"fused-{fused}", base, types.LoraConfig(rank=8, seed=5, train_unembed=True))
 

@@ -268,28 +268,28 @@ def _mixed_and_solo(backend: LocalBackend, clients: list[tinker.TrainingClient]
                     ) -> tuple[Callable[[], Any], Callable[[], Any], list[torch.nn.Parameter]]:
     """The same rows (two of each of 4 ``clients``, adapters of one shape) in one pass: each row through its own
     client's adapter (mixed), or all through client 0's (solo); and every adapter parameter."""
-    from tinker_cookbook.engine.training import multi_lora
-    from tinker_cookbook.engine.training import session as training
+    from tinker_cookbook.engine.training import forward, multi_lora
+    from tinker_cookbook.engine.training.session import ForwardRequest
 
     sessions = [backend._session(tc.model_id) for tc in clients]
-    prepared = [s._prepare_forward(training.ForwardRequest(_batch(300 + i, n=2), "cross_entropy", None, True))
+    prepared = [s.prepare_forward(ForwardRequest(_batch(300 + i, n=2), "cross_entropy", None, True))
                 for i, s in enumerate(sessions)]
     items = [item for p in prepared for item in p.batch]
     token_losses = [loss for p in prepared for loss in p.token_losses()]
     names = [p.session.run_id for p in prepared for _ in p.batch]
     base = sessions[0].base
-    layers = training.lora_layers(base)
+    layers = base.lora_layers()
     trainable = {f"{s.run_id}/{k}": p for s in sessions for k, p in s.params.items()}
 
     def mixed() -> None:
         model = base.activate(sessions[0].run_id)
         with multi_lora.no_active_adapter(layers, trainable):
-            sessions[0]._run_group(model, items, token_losses, row_adapters=names)
+            forward.run_group(base, model, items, token_losses, row_adapters=names)
 
     def solo() -> None:
         model = base.activate(sessions[0].run_id)
         with multi_lora.one_adapter(layers, sessions[0].run_id, sessions[0].params):
-            sessions[0]._run_group(model, items, token_losses)
+            forward.run_group(base, model, items, token_losses)
 
     return mixed, solo, list(trainable.values())
 

@@ -95,9 +95,9 @@ def test_each_packed_row_attends_only_to_itself(monkeypatch: pytest.MonkeyPatch)
 
 def test_rows_are_not_packed_where_the_fused_attention_is_not_installed(packed_calls: list[tuple[int, ...]],
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from tinker_cookbook.engine.training import session as training
+    from tinker_cookbook.engine import settings
 
-    monkeypatch.setattr(training, "FUSED_LAYERS", False)
+    monkeypatch.setattr(settings, "FUSED_LAYERS", False)
     _, session = _run(TINY_MODEL, backward=False)
     assert not session.base.packs_rows and packed_calls == []
 
@@ -105,9 +105,9 @@ def test_rows_are_not_packed_where_the_fused_attention_is_not_installed(packed_c
 def test_rows_are_not_packed_under_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
     """A bf16 base without packed bf16 weights runs under autocast: bf16 activations, which the fused attention
     leaves to SDPA, where the packed mask would cost more than the padding."""
-    from tinker_cookbook.engine.training import frozen_linear
+    from tinker_cookbook.engine.kernels import onednn
 
-    monkeypatch.setattr(frozen_linear, "can_pack", lambda dtype: dtype == torch.float32)
+    monkeypatch.setattr(onednn, "can_pack", lambda dtype: dtype == torch.float32)
     base = BaseModel(get_model_spec(TINY_MODEL), load_model(TINY_MODEL, torch.float32), torch.bfloat16)
     assert base.packed_bytes == 0 and not base.packs_rows
     assert BaseModel(get_model_spec(TINY_MODEL), load_model(TINY_MODEL, torch.float32), torch.float32).packs_rows

@@ -27,6 +27,7 @@ import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
 from tests.engine.test_sampler import _tiny_llama, _tiny_qwen3
+from tinker_cookbook.engine import settings
 from tinker_cookbook.engine.sampling import decoder_model as sampler_model
 from tinker_cookbook.engine.sampling import lora as sampler_lora
 from tinker_cookbook.engine.sampling.sampler import SamplerEngine, SamplingWeights
@@ -318,14 +319,14 @@ def test_mode_argument_env_and_auto(
     def build(mode: str | None = None) -> SamplingWeights:
         return SamplingWeights.build(model.config, state, adapter_state, config, torch.float32, lora_mode=mode)
 
-    monkeypatch.delenv(sampler_lora.LORA_MODE_ENV, raising=False)
+    monkeypatch.delenv(settings.SAMPLER_LORA_ENV, raising=False)
     assert build().adapter is None  # auto: a small model on a machine with memory to spare merges
     monkeypatch.setattr(sampler_lora, "UNMERGED_MIN_BYTES", 1)
     assert build().adapter is not None  # auto: past the size threshold it keeps the adapter apart
-    monkeypatch.setenv(sampler_lora.LORA_MODE_ENV, "merged")
+    monkeypatch.setenv(settings.SAMPLER_LORA_ENV, "merged")
     assert build().adapter is None
     assert build("unmerged").adapter is not None  # the argument wins over the environment
-    monkeypatch.setenv(sampler_lora.LORA_MODE_ENV, "apart")
+    monkeypatch.setenv(settings.SAMPLER_LORA_ENV, "apart")
     with pytest.raises(BadRequestError, match=r"TINKER_COOKBOOK_SAMPLER_LORA='apart'.*merged, unmerged"):
         build()
     with pytest.raises(BadRequestError, match=r"lora_mode='fused'"):
@@ -375,13 +376,13 @@ def test_trained_snapshots_through_the_api(monkeypatch: pytest.MonkeyPatch) -> N
         training.forward_backward([datum], "cross_entropy")
         training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
 
-    monkeypatch.setenv(sampler_lora.LORA_MODE_ENV, "unmerged")
+    monkeypatch.setenv(settings.SAMPLER_LORA_ENV, "unmerged")
     step()
     earlier = training.save_weights_and_get_sampling_client()
     step()
     unmerged = training.save_weights_and_get_sampling_client()
     base = service.create_sampling_client(base_model="tinker-cookbook/tiny-smollm2")
-    monkeypatch.setenv(sampler_lora.LORA_MODE_ENV, "merged")
+    monkeypatch.setenv(settings.SAMPLER_LORA_ENV, "merged")
     merged = training.save_weights_and_get_sampling_client()
     handles = [c._handle.weights for c in (earlier, unmerged, base, merged)]
     assert handles[0].decoder is handles[1].decoder is handles[2].decoder is not handles[3].decoder

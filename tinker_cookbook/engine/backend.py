@@ -38,15 +38,11 @@ from tinker_cookbook.engine import device as engine_devices
 from tinker_cookbook.engine import models
 from tinker_cookbook.engine.exit_hooks import CloseAtExit
 from tinker_cookbook.engine.store.checkpoint_store import CheckpointKind, CheckpointStore
+from tinker_cookbook.engine.store.files import read_sampler_adapter
+from tinker_cookbook.engine.training.base_model import BaseModel
+from tinker_cookbook.engine.training.custom_loss import CustomLossFn
 from tinker_cookbook.engine.training.multi_client import forward_together
-from tinker_cookbook.engine.training.session import (
-    BaseModel,
-    CustomLossFn,
-    ForwardRequest,
-    Outcome,
-    TrainingSession,
-    read_sampler_adapter,
-)
+from tinker_cookbook.engine.training.session import ForwardRequest, Outcome, TrainingSession
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import (
     BadRequestError,
@@ -425,7 +421,7 @@ class LocalBackend:
 
     def _handle_from_dir(self, base_model: str, directory: Path, model_path: str) -> SamplerHandle:
         base = self._base(base_model)
-        state, config = read_sampler_adapter(directory, model_path, base)
+        state, config = read_sampler_adapter(directory, model_path, base.base_state, base.spec.name)
         return self._handle(base, state, config, model_path)
 
     def handle_for_base(self, base_model: str) -> SamplerHandle:

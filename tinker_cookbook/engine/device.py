@@ -20,7 +20,6 @@ Precision per device (one place, read by training and the sampler):
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -28,10 +27,9 @@ from typing import Any
 
 import torch
 
+from tinker_cookbook.engine import settings
 from tinker_cookbook.tinker.errors import BadRequestError
 
-DEVICE_ENV = "TINKER_COOKBOOK_DEVICE"
-TRAIN_DTYPE_ENV = "TINKER_COOKBOOK_TRAIN_DTYPE"
 _TRAIN_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 _announced: set[str] = set()
 _announce_lock = threading.Lock()
@@ -42,8 +40,8 @@ def resolve_device(value: str | torch.device | None = None) -> torch.device:
     if isinstance(value, torch.device):
         text = str(value)
     else:
-        text = (value if value is not None else os.environ.get(DEVICE_ENV, "")).strip().lower() or "auto"
-    where = f"device={value!r}" if value is not None else f"${DEVICE_ENV}={text!r}"
+        text = (value.strip().lower() or "auto") if value is not None else settings.device()
+    where = f"device={value!r}" if value is not None else f"${settings.DEVICE_ENV}={text!r}"
     if text == "auto":
         return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     try:
@@ -73,10 +71,10 @@ def base_dtype(device: torch.device) -> torch.dtype:
     bf16 on CUDA; on CPU fp32 unless ``$TINKER_COOKBOOK_TRAIN_DTYPE=bf16``. LoRA parameters, gradients and the
     optimizer state are fp32 everywhere.
     """
-    value = os.environ.get(TRAIN_DTYPE_ENV, "").strip().lower()
+    value = settings.train_dtype()
     if value:
         if value not in _TRAIN_DTYPES:
-            raise BadRequestError(f"${TRAIN_DTYPE_ENV}={value!r} is not a training dtype; use fp32 or bf16")
+            raise BadRequestError(f"${settings.TRAIN_DTYPE_ENV}={value!r} is not a training dtype; use fp32 or bf16")
         return _TRAIN_DTYPES[value]
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
@@ -117,7 +115,7 @@ def fast_fp32_matmuls(device: torch.device) -> Iterator[None]:
 
     The switch is process-wide: other threads' fp32 matmuls take the same (verified exact) kernels meanwhile.
     """
-    if device.type != "cpu" or not _onednn_fp32_is_exact():
+    if device.type != "cpu" or not settings.compiled() or not _onednn_fp32_is_exact():
         yield
         return
     matmul: Any = torch.backends.mkldnn.matmul  # type: ignore[attr-defined]  # not in the stubs
@@ -139,7 +137,7 @@ def describe(device: torch.device, train_dtype: torch.dtype, sample_dtype: torch
     name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
     return (
         f"tinker_cookbook engine: device {where}; training: base weights {name[train_dtype]}, LoRA and Adam fp32; "
-        f"sampler: {name[sample_dtype]} (set ${DEVICE_ENV}, ${TRAIN_DTYPE_ENV}, $TINKER_COOKBOOK_SAMPLER_DTYPE "
+        f"sampler: {name[sample_dtype]} (set ${settings.DEVICE_ENV}, ${settings.TRAIN_DTYPE_ENV}, ${settings.SAMPLER_DTYPE_ENV} "
         "to change)"
     )
 

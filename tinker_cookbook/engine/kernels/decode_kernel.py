@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from tinker_cookbook.base.assets import cache_dir
-from tinker_cookbook.tinker.errors import BadRequestError
+from tinker_cookbook.engine import settings
+from tinker_cookbook.engine.kernels import onednn
 
 if TYPE_CHECKING:
     from tinker_cookbook.engine.sampling.decode import SharedPrompts
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-ENV_VAR = "TINKER_COOKBOOK_DECODE_KERNEL"
 _SOURCE = Path(__file__).with_name("decode_kernel.c")
 # -ffp-contract=off: every product and sum rounded on its own, as torch's CPU kernels do.
 _FLAGS = ["-O3", "-std=gnu11", "-shared", "-fPIC", "-pthread", "-ffp-contract=off", "-fno-math-errno"]
@@ -65,15 +65,13 @@ _loaded: list[ctypes.CDLL | None] = []
 
 
 def enabled() -> bool:
-    """``$TINKER_COOKBOOK_DECODE_KERNEL``: 1 (the default) or 0; anything else is an error naming the variable."""
-    value = os.environ.get(ENV_VAR, "1").strip()
-    if value not in ("0", "1"):
-        raise BadRequestError(f"${ENV_VAR}={value!r} is not valid; set it to 1 (compiled decode) or 0 (torch decode)")
-    return value == "1"
+    """Whether the kernel may run (``settings.decode_kernel``: ``$TINKER_COOKBOOK_DECODE_KERNEL`` and
+    ``$TINKER_COOKBOOK_COMPILED``, both 1 by default)."""
+    return settings.decode_kernel()
 
 
 def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+    for name in (settings.c_compiler(), "cc", "gcc", "clang"):
         if name and shutil.which(name):
             return name
     return None
@@ -197,13 +195,11 @@ def _shape_stride(out_features: int, in_features: int) -> int | None:
     """The block stride of oneDNN's packing of fp32 ``[out, in]`` weights when it is the layout ``tc_matmul`` reads,
     else None. The layout depends on the shape (and the CPU), not on the values: checked on weights whose every
     element holds its own row (then column) index, exact in fp32 at these sizes."""
-    from tinker_cookbook.engine.training import frozen_linear
-
     o = torch.arange(out_features, dtype=torch.float32)[:, None].expand(out_features, in_features)
     i = torch.arange(in_features, dtype=torch.float32)[None, :].expand(out_features, in_features)
     strides = set()
     for index in (o, i):
-        packed = frozen_linear.pack(index, torch.float32)  # alive while viewed
+        packed = onednn.pack(index, torch.float32)  # alive while viewed
         view = _block_view(_packed_floats(packed), out_features, in_features)
         if view is None or not _holds(view, index.contiguous()):
             return None
@@ -212,7 +208,7 @@ def _shape_stride(out_features: int, in_features: int) -> int | None:
 
 
 def blocked(packed: torch.Tensor, weight: torch.Tensor) -> Blocked | None:
-    """``tc_matmul``'s view of ``packed``, the fp32 ``weight`` packed by ``frozen_linear.pack`` on CPU, or None
+    """``tc_matmul``'s view of ``packed``, the fp32 ``weight`` packed by ``onednn.pack`` on CPU, or None
     where it cannot read it (another layout, the library not built here)."""
     out_features, in_features = weight.shape
     if packed.dtype != torch.float32 or weight.dtype != torch.float32 or library() is None:

@@ -29,8 +29,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from tinker_cookbook.engine.kernels import decode_kernel
-from tinker_cookbook.engine.training import frozen_linear
+from tinker_cookbook.engine.kernels import decode_kernel, onednn
 from tinker_cookbook.engine.training.passes import shared_prefix_length
 from tinker_cookbook.tinker.errors import BadRequestError
 
@@ -63,10 +62,6 @@ class DecoderSpec:
     """The context window: prompt plus generated tokens may not exceed it."""
 
 
-# The overload itself: calling it skips the packet's overload resolution on each of a decode step's ~120 calls.
-_LINEAR_POINTWISE = torch.ops.mkldnn._linear_pointwise.default
-
-
 @dataclass
 class Linear:
     """A matmul weight ``[out, in]`` (+ bias); on CPU pre-packed into oneDNN's blocked layout (bf16 and fp32).
@@ -74,7 +69,7 @@ class Linear:
     F.linear re-lays out a bf16 weight for the AMX/AVX-512 kernels on every call; packing it once per snapshot
     makes decode-sized matmuls 25-50% faster with bit-identical results. In fp32, oneDNN's packed kernels are
     2-5x faster than F.linear where the BLAS behind it does not use AVX-512 (the probe and the packing are
-    ``frozen_linear``'s, shared with training). Matmuls of up to ``decode_kernel.MATMUL_MAX_ROWS`` rows of a
+    ``kernels.onednn``'s, shared with training). Matmuls of up to ``decode_kernel.MATMUL_MAX_ROWS`` rows of a
     packed fp32 weight read it in ``decode_kernel.matmul`` (``blocked``), faster than oneDNN at those sizes and on
     every thread the caller may use.
     """
@@ -90,8 +85,8 @@ class Linear:
         cpu = weight.device.type == "cpu"
         if bias is not None:
             bias = bias.to(weight.dtype).contiguous()
-        if weight.dtype in (torch.bfloat16, torch.float32) and cpu and frozen_linear.can_pack(weight.dtype):
-            packed = frozen_linear.pack(weight, weight.dtype)
+        if weight.dtype in (torch.bfloat16, torch.float32) and cpu and onednn.can_pack(weight.dtype):
+            packed = onednn.pack(weight, weight.dtype)
             return cls(packed, bias, packed=True, blocked=decode_kernel.blocked(packed, weight))
         return cls(weight, bias)
 
@@ -106,7 +101,7 @@ class Linear:
         if self.packed:
             if not x.is_contiguous():
                 x = x.contiguous()
-            return _LINEAR_POINTWISE(x, self.weight, self.bias, "none", [None], "")
+            return onednn.packed_rows(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

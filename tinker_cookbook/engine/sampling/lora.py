@@ -24,7 +24,6 @@ to rounding); in bf16 the unmerged mode is the more precise, as the update is ne
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -32,12 +31,11 @@ from typing import Any, Literal
 import torch
 import transformers
 
-from tinker_cookbook.engine import base_cache
+from tinker_cookbook.engine import base_cache, settings
 from tinker_cookbook.engine.sampling import decoder_model
 from tinker_cookbook.engine.sampling.decoder_model import DecoderWeights, LayerWeights, Linear, LoraDelta
 from tinker_cookbook.tinker.errors import BadRequestError
 
-LORA_MODE_ENV = "TINKER_COOKBOOK_SAMPLER_LORA"
 LoraMode = Literal["auto", "merged", "unmerged"]
 _MODES: tuple[LoraMode, ...] = ("auto", "merged", "unmerged")
 UNMERGED_MIN_BYTES = 1 << 30
@@ -58,8 +56,8 @@ Rows = slice | torch.Tensor | None
 
 def lora_mode(requested: str | None = None) -> LoraMode:
     """``requested`` (a ``SamplingWeights.build`` argument), else ``$TINKER_COOKBOOK_SAMPLER_LORA``, else auto."""
-    source = "lora_mode" if requested is not None else f"${LORA_MODE_ENV}"
-    value = (requested if requested is not None else os.environ.get(LORA_MODE_ENV, "")).strip().lower() or "auto"
+    source = "lora_mode" if requested is not None else f"${settings.SAMPLER_LORA_ENV}"
+    value = (requested.strip().lower() or "auto") if requested is not None else settings.sampler_lora()
     for mode in _MODES:
         if value == mode:
             return mode

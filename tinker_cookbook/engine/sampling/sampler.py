@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import os
 import random
 import secrets
 import threading
@@ -57,7 +56,7 @@ from typing import Any, Self
 import torch
 import transformers
 
-from tinker_cookbook.engine import vision
+from tinker_cookbook.engine import settings, vision
 from tinker_cookbook.engine.exit_hooks import CloseAtExit
 from tinker_cookbook.engine.kernels import decode_kernel
 from tinker_cookbook.engine.sampling import decode, decoder_model, lora
@@ -80,7 +79,6 @@ from tinker_cookbook.tinker.errors import BadRequestError, RequestFailedError
 
 __all__ = ["DEFAULT_MAX_TOKENS", "SamplerEngine", "SamplerStats", "SamplingWeights", "default_sampling_dtype"]
 
-DTYPE_ENV = "TINKER_COOKBOOK_SAMPLER_DTYPE"
 _DTYPES = {
     "fp32": torch.float32,
     "float32": torch.float32,
@@ -117,10 +115,10 @@ def default_sampling_dtype(device: torch.device | str | None = None) -> torch.dt
     importance-sampling losses must then correct. On a GPU bf16 is the default: its matmuls are several times
     faster there.
     """
-    value = os.environ.get(DTYPE_ENV, "").strip().lower()
+    value = settings.sampler_dtype()
     if value:
         if value not in _DTYPES:
-            raise BadRequestError(f"${DTYPE_ENV}={value!r} is not a sampler dtype; use one of fp32, bf16")
+            raise BadRequestError(f"${settings.SAMPLER_DTYPE_ENV}={value!r} is not a sampler dtype; use one of fp32, bf16")
         return _DTYPES[value]
     if device is None:
         from tinker_cookbook.engine.device import engine_device

@@ -33,10 +33,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
+from tinker_cookbook.engine import settings
 from tinker_cookbook.engine.store import crash_safety, paths
 from tinker_cookbook.tinker import errors, types
 
-HOME_ENV_VAR = "TINKER_COOKBOOK_HOME"
 CHECKPOINT_FILE = "checkpoint.json"
 RUN_FILE = "run.json"
 CheckpointKind: TypeAlias = Literal["weights", "sampler_weights"]
@@ -44,12 +44,6 @@ KINDS: tuple[CheckpointKind, ...] = ("weights", "sampler_weights")
 _KIND_TO_TYPE: dict[str, types.CheckpointType] = {"weights": "training", "sampler_weights": "sampler"}
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 _MAX_NAME_LEN = 128
-
-
-def default_root() -> Path:
-    """The store root: ``$TINKER_COOKBOOK_HOME`` if set, else ``~/.tinker_cookbook``."""
-    env = os.environ.get(HOME_ENV_VAR)
-    return Path(env).expanduser() if env else Path.home() / ".tinker_cookbook"
 
 
 def _now() -> datetime:
@@ -154,7 +148,7 @@ class CheckpointStore:
     """
 
     def __init__(self, root: Path | None = None):
-        self.root = Path(root).expanduser() if root is not None else default_root()
+        self.root = Path(root).expanduser() if root is not None else settings.store_home()
         self._lock = threading.RLock()
         self._recover_all()
 
@@ -178,7 +172,7 @@ class CheckpointStore:
             raise errors.NotFoundError(
                 f"training run {run_id!r} not found in {str(self.runs_dir)!r}; known runs (newest first): "
                 f"{', '.join(map(repr, known)) if known else 'none'}. List them with `tinker-cookbook run list` "
-                f"(set {HOME_ENV_VAR} to use another store)"
+                f"(set {settings.HOME_ENV} to use another store)"
             )
         return run_dir
 

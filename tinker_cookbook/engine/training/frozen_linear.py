@@ -11,15 +11,15 @@ Training never changes a base weight, and LoRA needs only the gradient of a base
   packed ``Wᵀ`` too.
 - fp32: exact to fp32 rounding (oneDNN's fp32 kernels; only the summation order differs from a BLAS).
 
-Packing is probed once per dtype (``can_pack``: a tiny matmul against a float64 reference); where it does not work
-(no oneDNN, no bf16 support, a non-CPU tensor) ``install`` changes nothing and the caller keeps its plain path. The
+Packing is probed once per dtype (``kernels.onednn.can_pack``: a tiny matmul against a float64 reference); where it
+does not work (no oneDNN, no bf16 support, a non-CPU tensor, compiled paths off) ``install`` changes nothing and the caller keeps its plain path. The
 packed copies cost memory: twice the weights in the compute dtype (SmolLM2-135M: 1.08 GB in fp32; 0.42 GB in bf16,
 where the engine leaves the unembedding fp32 and unpacked). A module
 whose weight is changed in place after packing is re-packed on its next call (checked through the tensor's
 version counter), so a packed copy never serves stale weights.
 
-The probe and the packing are plain functions of a weight; the sampler's weights (``sampling.decoder_model.Linear``)
-use them too.
+The probe and the packing are plain functions of a weight (``kernels.onednn``); the sampler's weights
+(``sampling.decoder_model.Linear``) use them too.
 """
 
 from __future__ import annotations
@@ -30,45 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-PACK_BATCH_HINT = 128
-"""oneDNN picks its blocking from an expected row count; training passes run hundreds to thousands of rows."""
-
-_packing_works: dict[torch.dtype, bool] = {}
-
-
-def can_pack(dtype: torch.dtype) -> bool:
-    """Whether oneDNN weight pre-packing works here for ``dtype`` (checked once per dtype, on a tiny matmul).
-
-    fp32 must agree with F.linear to fp32 summation-order rounding; bf16 (bf16 inputs, fp32 accumulation) to
-    F.linear run on the same bf16 inputs within bf16 output rounding.
-    """
-    if dtype not in _packing_works:
-        try:
-            generator = torch.Generator().manual_seed(0)
-            weight = torch.randn(48, 32, generator=generator).to(dtype)
-            x = torch.randn(5, 32, generator=generator).to(dtype)
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
-            out = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], "").double()
-            reference = x.double() @ weight.double().T
-            # 32 products of unit-variance numbers: |reference| ~ 6; fp32 summation errs by ~1e-6 of that, a bf16
-            # result by ~4e-3 relative (8 mantissa bits).
-            tolerance = 1e-4 if dtype == torch.float32 else 2e-2 * float(reference.abs().max())
-            _packing_works[dtype] = bool((out - reference).abs().max() <= tolerance)
-        except Exception:  # noqa: BLE001 - any failure (no oneDNN, no bf16 kernels) means: keep F.linear
-            _packing_works[dtype] = False
-    return _packing_works[dtype]
-
-
-def pack(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``weight [out, in]`` in ``dtype``, re-laid out for ``torch.ops.mkldnn._linear_pointwise``."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype).contiguous(), PACK_BATCH_HINT)
-
-
-def packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x [..., in] @ Wᵀ (+ bias)`` for ``packed = pack(W)``, in ``packed``'s dtype (``x`` cast to it)."""
-    rows = x.reshape(-1, x.shape[-1]).to(packed.dtype).contiguous()
-    out = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [None], "")
-    return out.view(*x.shape[:-1], out.shape[-1])
+from tinker_cookbook.engine.kernels.onednn import can_pack, pack, packed_matmul
 
 
 class PackedFrozenLinear:

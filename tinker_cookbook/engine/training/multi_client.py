@@ -10,16 +10,9 @@ from __future__ import annotations
 import torch
 
 from tinker_cookbook.engine.device import fast_fp32_matmuls
-from tinker_cookbook.engine.training import multi_lora, passes
-from tinker_cookbook.engine.training.session import (
-    BaseModel,
-    ForwardRequest,
-    Outcome,
-    PreparedForward,
-    TrainingSession,
-    check_losses_finite,
-    lora_layers,
-)
+from tinker_cookbook.engine.training import forward, multi_lora, passes
+from tinker_cookbook.engine.training.base_model import BaseModel
+from tinker_cookbook.engine.training.session import ForwardRequest, Outcome, PreparedForward, TrainingSession
 from tinker_cookbook.tinker.errors import TinkerError
 
 
@@ -38,7 +31,7 @@ def forward_together(requests: list[tuple[TrainingSession, ForwardRequest]]) -> 
     by_base: dict[int, list[tuple[int, PreparedForward]]] = {}
     for i, (session, request) in enumerate(requests):
         try:
-            prepared = session._prepare_forward(request)
+            prepared = session.prepare_forward(request)
         except Exception as exc:  # noqa: BLE001 - each request's failure is its own; the caller reports it
             outcomes[i] = exc
             continue
@@ -50,7 +43,7 @@ def forward_together(requests: list[tuple[TrainingSession, ForwardRequest]]) -> 
     for members in by_base.values():
         base = members[0][1].session.base
         names = [prepared.session.run_id for _, prepared in members]
-        if len(members) > 1 and multi_lora.supports(lora_layers(base), names):
+        if len(members) > 1 and multi_lora.supports(base.lora_layers(), names):
             for (i, _), outcome in zip(members, _run_mixed([prepared for _, prepared in members]), strict=True):
                 outcomes[i] = outcome
             mixed += len(members)
@@ -62,7 +55,7 @@ def forward_together(requests: list[tuple[TrainingSession, ForwardRequest]]) -> 
 
 def _run_alone(prepared: PreparedForward) -> Outcome:
     try:
-        return prepared.session._run_prepared(prepared)
+        return prepared.session.run_prepared(prepared)
     except Exception as exc:  # noqa: BLE001 - the caller reports it as this request's failure
         return exc
 
@@ -84,9 +77,9 @@ def _run_mixed(members: list[PreparedForward]) -> list[Outcome]:
     losses_by_member = [prepared.token_losses() for prepared in members] if backward else None
     logps: list[list[torch.Tensor]] = [[torch.empty(0)] * len(prepared.batch) for prepared in members]
     totals: list[list[float]] = [[0.0] * len(prepared.batch) for prepared in members]
-    saved = [session._saved_grads() for session in sessions] if backward else []
+    saved = [session.saved_grads() for session in sessions] if backward else []
     trainable = {f"{s.run_id}/{k}": p for s in sessions for k, p in s.params.items()} if backward else {}
-    layers = lora_layers(base)
+    layers = base.lora_layers()
     model = base.activate(sessions[0].run_id)  # the wrapped HF model; no_active_adapter then disables them all
     # A mixed group is never larger than the largest group a member would run alone: the activations of a pass
     # (the bulk of a step's memory) then stay those of one client, whatever the number of clients batched.
@@ -101,14 +94,14 @@ def _run_mixed(members: list[PreparedForward]) -> list[Outcome]:
                     group_losses = [losses_by_member[rows[r][0]][rows[r][1]] for r in group]
                 names = [sessions[rows[r][0]].run_id for r in group]
                 with fast_fp32_matmuls(base.device):
-                    group_logps, group_totals = sessions[0]._run_group(
-                        model, [items[r] for r in group], group_losses, row_adapters=names)
+                    group_logps, group_totals = forward.run_group(
+                        base, model, [items[r] for r in group], group_losses, row_adapters=names)
                 for r, logp, total in zip(group, group_logps, group_totals, strict=True):
                     k, j = rows[r]
                     logps[k][j], totals[k][j] = logp, total
     except BaseException:
         for session, grads in zip(sessions, saved, strict=True):
-            session._restore_grads(grads)
+            session.restore_grads(grads)
         raise
     outcomes: list[Outcome] = []
     for k, prepared in enumerate(members):
@@ -117,12 +110,10 @@ def _run_mixed(members: list[PreparedForward]) -> list[Outcome]:
             continue
         session = prepared.session
         try:
-            check_losses_finite(totals[k])
-            session._check_grads_finite("forward_backward")
+            session.accept_backward(totals[k])
         except TinkerError as exc:
-            session._restore_grads(saved[k])
+            session.restore_grads(saved[k])
             outcomes.append(exc)
             continue
-        session.pending_backward += 1
         outcomes.append(prepared.output(logps[k], totals[k]))
     return outcomes
