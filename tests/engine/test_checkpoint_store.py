@@ -15,6 +15,7 @@ import pytest
 
 from tinker_cookbook.engine import settings
 from tinker_cookbook.engine.store import checkpoint_store as cs
+from tinker_cookbook.engine.store import records
 from tinker_cookbook.engine.store.checkpoint_store import CheckpointStore
 from tinker_cookbook.tinker import errors, types
 
@@ -258,12 +259,12 @@ def test_expected_kind(store: CheckpointStore, run_id: str) -> None:
 
 def test_ttl_expiry(store: CheckpointStore, run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
     start = datetime(2026, 1, 1, tzinfo=UTC)
-    monkeypatch.setattr(cs, "_now", lambda: start)
+    monkeypatch.setattr(records, "now", lambda: start)
     ckpt = store.write_checkpoint(run_id, "weights", "t", _writer({"f": b"1"}), {}, ttl_seconds=60)
     assert ckpt.expires_at == start + timedelta(seconds=60)
-    monkeypatch.setattr(cs, "_now", lambda: start + timedelta(seconds=59))
+    monkeypatch.setattr(records, "now", lambda: start + timedelta(seconds=59))
     assert store.checkpoint_dir(ckpt.tinker_path).is_dir()
-    monkeypatch.setattr(cs, "_now", lambda: start + timedelta(seconds=60))
+    monkeypatch.setattr(records, "now", lambda: start + timedelta(seconds=60))
     assert store.list_checkpoints(run_id).checkpoints == []
     with pytest.raises(errors.NotFoundError, match="expired"):
         store.checkpoint_dir(ckpt.tinker_path)
@@ -273,13 +274,13 @@ def test_ttl_expiry(store: CheckpointStore, run_id: str, monkeypatch: pytest.Mon
 
 def test_set_ttl(store: CheckpointStore, run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
     start = datetime(2026, 1, 1, tzinfo=UTC)
-    monkeypatch.setattr(cs, "_now", lambda: start)
+    monkeypatch.setattr(records, "now", lambda: start)
     path = store.write_checkpoint(run_id, "weights", "t", _writer({}), {}).tinker_path
     store.set_ttl(path, 10)
     assert store.get_checkpoint(path).expires_at == start + timedelta(seconds=10)
     store.set_ttl(path, None)
     assert store.get_checkpoint(path).expires_at is None
-    monkeypatch.setattr(cs, "_now", lambda: start + timedelta(days=1000))
+    monkeypatch.setattr(records, "now", lambda: start + timedelta(days=1000))
     assert store.checkpoint_dir(path).is_dir()
 
 
@@ -330,7 +331,7 @@ def test_list_runs_order_and_pagination(store: CheckpointStore, monkeypatch: pyt
     base = datetime(2026, 1, 1, tzinfo=UTC)
     ids = []
     for i in range(5):
-        monkeypatch.setattr(cs, "_now", lambda i=i: base + timedelta(minutes=i))
+        monkeypatch.setattr(records, "now", lambda i=i: base + timedelta(minutes=i))
         ids.append(store.create_run("m", LORA))
     assert ids == sorted(ids)  # ids sort by creation time
     newest_first = ids[::-1]
@@ -354,7 +355,7 @@ def test_list_checkpoints_order_and_pagination(
     for i, (rid, kind) in enumerate(
         [(run_id, "weights"), (other, "sampler_weights"), (run_id, "sampler_weights")]
     ):
-        monkeypatch.setattr(cs, "_now", lambda i=i: base + timedelta(seconds=i))
+        monkeypatch.setattr(records, "now", lambda i=i: base + timedelta(seconds=i))
         expected.append(store.write_checkpoint(rid, kind, f"c{i}", _writer({}), {}).tinker_path)
     own = store.list_checkpoints(run_id)
     assert [c.tinker_path for c in own.checkpoints] == [expected[2], expected[0]]
@@ -380,7 +381,7 @@ def test_weights_info(store: CheckpointStore, run_id: str) -> None:
 
 def test_touch_run(store: CheckpointStore, run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
     later = datetime(2030, 5, 5, tzinfo=UTC)
-    monkeypatch.setattr(cs, "_now", lambda: later)
+    monkeypatch.setattr(records, "now", lambda: later)
     store.touch_run(run_id)
     assert store.get_run(run_id).last_request_time == later
 

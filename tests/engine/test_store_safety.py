@@ -220,13 +220,13 @@ def test_expiry_does_not_follow_symlinked_archives(
 ) -> None:
     from datetime import timedelta
 
-    from tinker_cookbook.engine.store import checkpoint_store as cs
+    from tinker_cookbook.engine.store import records
 
     store.write_checkpoint(run_id, "weights", "x", _writer({"f": b"1"}), {}, ttl_seconds=1)
     (outside / "weights").mkdir()
     (outside / "x").rename(outside / "weights" / "x")
     (store.runs_dir / run_id / ".archives").symlink_to(outside)
-    later = cs._now() + timedelta(seconds=10)
-    monkeypatch.setattr(cs, "_now", lambda: later)
+    later = records.now() + timedelta(seconds=10)
+    monkeypatch.setattr(records, "now", lambda: later)
     assert store.list_checkpoints(run_id).checkpoints == []  # expired: not listed, and the listing still works
     assert (outside / "weights" / "x" / "canary").read_bytes() == CANARY

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tinker_cookbook.base.atomic_files import atomic_file, fsync_dir, remove_path
 from tinker_cookbook.engine.store import paths
 
 # A staging entry this old is stale even if a process with its pid is alive: pids get reused, and no save takes
@@ -33,45 +34,12 @@ _SEP = "+"
 # -------------------------------------------------------------------------------------------------------------
 
 
-def fsync_dir(directory: Path) -> None:
-    """Make renames and new entries in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        os.fsync(fd)
-    except OSError as e:
-        if e.errno not in (errno.EINVAL, errno.ENOTSUP):  # filesystems without directory fsync
-            raise
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(directory: Path) -> None:
-    """fsync every file and directory below ``directory`` (the engine's writer does not have to)."""
-    for entry in os.scandir(directory):
-        if entry.is_dir(follow_symlinks=False):
-            fsync_tree(Path(entry.path))
-        elif entry.is_file(follow_symlinks=False):
-            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    fsync_dir(directory)
-
-
 def write_json_atomic(path: Path, data: dict[str, Any], staging: Path) -> None:
     """Write JSON via a file in ``staging``: readers see the old or the new file, never a partial one."""
-    tmp = staging / staging_name("tmp", path.name)
-    try:
+    with atomic_file(path, tmp_dir=staging, tmp_name=staging_name("tmp", path.name)) as tmp:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    finally:
-        paths.remove_tree(tmp)
 
 
 # -------------------------------------------------------------------------------------------------------------
@@ -174,7 +142,7 @@ def discard(path: Path, staging: Path) -> None:
         os.rename(path, trash)
     except FileNotFoundError:  # nothing there, or someone else removed it first
         return
-    paths.remove_tree(trash)
+    remove_path(trash)
 
 
 def replace_dir(new: Path, target: Path, staging: Path, complete_marker: str) -> None:
@@ -195,10 +163,10 @@ def replace_dir(new: Path, target: Path, staging: Path, complete_marker: str) ->
         if not paths.is_regular_file(target / complete_marker):  # nothing took its place: put it back
             os.rename(backup, target)
             raise
-        paths.remove_tree(backup)
+        remove_path(backup)
         raise FileExistsError(e.errno, f"{target} was written concurrently") from e
     fsync_dir(target.parent)  # the new one is durably in place before the old one goes
-    paths.remove_tree(backup)
+    remove_path(backup)
 
 
 def clean_staging(staging: Path, backup_target: Callable[[StagingEntry], Path | None], complete_marker: str) -> None:
@@ -213,7 +181,7 @@ def clean_staging(staging: Path, backup_target: Callable[[StagingEntry], Path | 
         if not is_stale(path, entry):
             continue
         if entry is None or entry.role != "old" or not paths.is_real_dir(path):
-            paths.remove_tree(path)
+            remove_path(path)
             continue
         target = backup_target(entry)
         if target is None:

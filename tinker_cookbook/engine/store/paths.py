@@ -3,7 +3,7 @@
 The store never follows a symlink below its root. A symlink planted there (by hand, by a tool, by copying a store
 with links) would let reads come from, and deletes reach, files outside the store, so every path is checked
 component by component with ``lstat`` before use and refused with :class:`UnsafeStoreEntryError`. Deletion goes
-through :func:`remove_tree`, whose directory walk never follows a link even if one appears after the check.
+through ``base.atomic_files.remove_path``, whose directory walk never follows a link even if one appears after the check.
 
 The root itself may be a symlink: where the store lives is the user's choice.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 from pathlib import Path
 from typing import Any
@@ -75,23 +74,6 @@ def is_regular_file(path: Path) -> bool:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except FileNotFoundError:
         return False
-
-
-def remove_tree(path: Path) -> None:
-    """Delete ``path`` without following symlinks: a link is unlinked, never its target."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(mode):
-        # rmtree never descends into a symlinked directory; where it walks by file descriptor (Linux,
-        # ``shutil.rmtree.avoids_symlink_attacks``) not even if the link appears while it runs.
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tinker_cookbook.engine.kernels.onednn import can_pack, pack, packed_matmul
+from tinker_cookbook.engine.kernels import onednn
 
 
 class PackedFrozenLinear:
@@ -44,8 +44,8 @@ class PackedFrozenLinear:
     def _pack(self) -> None:
         weight = self.module.weight
         self.version = weight._version
-        self.forward_weight = pack(weight, self.dtype)
-        self.backward_weight = pack(weight.T, self.dtype)
+        self.forward_weight = onednn.pack(weight, self.dtype)
+        self.backward_weight = onednn.pack(weight.T, self.dtype)
         bias = self.module.bias
         self.bias = None if bias is None else bias.detach().to(self.dtype)
 
@@ -66,13 +66,13 @@ class _FrozenLinearFunction(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, packed: PackedFrozenLinear) -> torch.Tensor:  # type: ignore[override]
         ctx.packed = packed
         ctx.input_dtype = x.dtype
-        out = packed_matmul(x, packed.forward_weight, packed.bias)
+        out = onednn.packed_matmul(x, packed.forward_weight, packed.bias)
         # Under autocast the result stays in the low precision, as autocast's own linear would return it.
         return out if torch.is_autocast_enabled(x.device.type) else out.to(x.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
-        return packed_matmul(grad, ctx.packed.backward_weight).to(ctx.input_dtype), None
+        return onednn.packed_matmul(grad, ctx.packed.backward_weight).to(ctx.input_dtype), None
 
 
 def frozen_linear(x: torch.Tensor, packed: PackedFrozenLinear) -> torch.Tensor:
@@ -90,11 +90,11 @@ def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 def install(model: torch.nn.Module, dtype: torch.dtype, skip: tuple[str, ...] = ()) -> int:
     """Route every frozen CPU ``nn.Linear`` of ``model`` through packed ``dtype`` weights; returns the bytes added.
 
-    Nothing changes (and 0 is returned) unless ``can_pack(dtype)``. Modules whose qualified name ends with one of
+    Nothing changes (and 0 is returned) unless ``onednn.can_pack(dtype)``. Modules whose qualified name ends with one of
     ``skip`` (before or after peft wraps them as ``<name>.base_layer``) keep F.linear. The modules stay what they were (same class, parameters and state dict; peft wraps them
     as usual): only their ``forward`` is replaced, on the instance.
     """
-    if not can_pack(dtype):
+    if not onednn.can_pack(dtype):
         return 0
     added = 0
     for name, module in model.named_modules():

@@ -405,6 +405,12 @@ _TINKER_PATH = re.compile(r"tinker://(?P<run>[A-Za-z0-9_.-]+)(?::train:(?P<clien
                           r"/(?P<kind>weights|sampler_weights)/(?P<name>[A-Za-z0-9_.-]+)")
 
 
+def tinker_path(training_run_id: str, kind: str, name: str) -> str:
+    """``tinker://<run_id>/<kind>/<name>`` (``kind``: ``weights`` or ``sampler_weights``): the one builder of
+    checkpoint paths, the inverse of ``ParsedCheckpointTinkerPath.from_tinker_path``."""
+    return f"tinker://{training_run_id}/{kind}/{name}"
+
+
 class ParsedCheckpointTinkerPath(LooseBase):
     """A parsed ``tinker://<run_id>/(weights|sampler_weights)/<name>`` path: the one parser of checkpoint paths.
 
