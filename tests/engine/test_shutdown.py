@@ -224,12 +224,12 @@ def test_collection_inside_submit_defers_the_release(backend: LocalBackend) -> N
     service = tinker.ServiceClient()
     tc = service.create_lora_training_client(base_model=MODEL, rank=4, seed=1)
     model_id = tc.model_id
-    backend._submitting.active = True  # as if the collector ran inside this thread's submit
+    backend._requests.submitting.active = True  # as if the collector ran inside this thread's submit
     try:
         del tc
         gc.collect()
-        assert list(backend._collected) == [model_id], "the release must wait for submit to finish"
+        assert list(backend._requests.collected) == [model_id], "the release must wait for submit to finish"
     finally:
-        backend._submitting.active = False
+        backend._requests.submitting.active = False
     backend.submit(lambda: None).result()
-    assert model_id not in backend._sessions and not backend._collected
+    assert model_id not in backend._sessions and not backend._requests.collected

@@ -2,17 +2,8 @@
 
 One ``LocalBackend`` per process holds the base models (each loaded once), the training sessions, the
 checkpoint store and the sampler. Training requests of all clients run on one worker thread in submission
-order, which gives each client the ordering guarantee of the API (and lets ``forward_backward`` and
-``optim_step`` be submitted back to back). Sampling runs on the sampler's own thread, batching concurrent
-requests.
-
-Clients on one base share a pass through it: when the worker starts a built-in-loss ``forward`` or
-``forward_backward``, it takes along the queued requests of the same kind of other sessions that are next in their
-session's order (nothing of that session queued before them, and no request that belongs to no session, such as
-creating a client, queued before them), and runs them together (``multi_client.forward_together``: each row through its
-own adapter, results per request as if alone). Requests of different sessions are independent (the base is
-frozen), so this reorders nothing that any client can observe; a taken request's future is completed in its own
-turn in the queue.
+order (``request_queue``: built-in-loss forwards of several sessions share a pass through their base, see
+``training.multi_client``). Sampling runs on the sampler's own thread, batching concurrent requests.
 
 Lifetime: ``close()`` stops both threads. At interpreter exit the training requests already submitted still run
 (the worker is an ordinary thread that Python joins, so a ``save_state`` queued just before exit completes, as
@@ -21,14 +12,12 @@ it would on a server); then exit hooks stop the sampler (its pending requests fa
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import functools
 import sys
 import threading
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -37,6 +26,7 @@ import torch
 from tinker_cookbook.engine import device as engine_devices
 from tinker_cookbook.engine import models
 from tinker_cookbook.engine.exit_hooks import CloseAtExit
+from tinker_cookbook.engine.request_queue import CLOSED_MESSAGE, Queued, RequestQueue, api_outcome
 from tinker_cookbook.engine.store.checkpoint_store import CheckpointKind, CheckpointStore
 from tinker_cookbook.engine.store.files import read_sampler_adapter
 from tinker_cookbook.engine.training.base_model import BaseModel
@@ -65,17 +55,6 @@ class SamplerHandle:
         self.model_path = model_path
 
 
-@dataclass(eq=False)
-class _Queued:
-    """A training request in the worker's queue (``LocalBackend._queue``, in submission order)."""
-
-    fn: Callable[[], Any]
-    run_id: str | None  # the session whose order it keeps; None: no session's (it keeps everyone's)
-    forward: ForwardRequest | None = None  # a built-in-loss forward(_backward), which may run with others
-    taken: bool = False  # ran inside another request's batch; its outcome waits for its own turn
-    outcome: Outcome | None = None
-
-
 class LocalBackend:
     _defaults: ClassVar[dict[str, LocalBackend]] = {}
     _default_lock = threading.Lock()
@@ -87,16 +66,9 @@ class LocalBackend:
         self.store = store or CheckpointStore()
         self._bases: dict[str, BaseModel] = {}
         self._sessions: dict[str, TrainingSession] = {}
-        self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-engine")
+        self._requests = RequestQueue(lambda: len(self._sessions), self._run_together, self._drop_session)
         self._sampler: Any = None
         self._sampler_lock = threading.Lock()
-        self._closed = False
-        self._worker_ident: int | None = None
-        self._submitting = threading.local()
-        self._collected: collections.deque[str] = collections.deque()
-        # What the worker has yet to start, in submission order (it looks ahead here for requests to batch).
-        self._queue: collections.deque[_Queued] = collections.deque()
-        self._queue_lock = threading.Lock()
         self.batched_requests = 0  # requests that ran in a pass shared with other sessions' requests
         _open_backends.add(self)
 
@@ -112,74 +84,15 @@ class LocalBackend:
 
     # -- plumbing ---------------------------------------------------------------------------------------
 
+    @property
+    def _closed(self) -> bool:
+        return self._requests.closed
+
     def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
         """Run ``fn`` on the engine thread after everything submitted before it."""
-        return self._submit(_Queued(fn, None))
+        return self._requests.submit(Queued(fn, None))
 
-    def _submit(self, request: _Queued) -> concurrent.futures.Future[Any]:
-        future = self._enqueue(request)
-        self._flush_collected()
-        return future
-
-    def _enqueue(self, request: _Queued) -> concurrent.futures.Future[Any]:
-        if self._closed:
-            raise RequestFailedError(_CLOSED_MESSAGE)
-        self._submitting.active = True
-        try:
-            # One lock over both queues keeps them in the same order.
-            with self._queue_lock:
-                future = self._worker.submit(self._run_request, request)
-                self._queue.append(request)
-                return future
-        except RuntimeError as exc:  # the executor was shut down meanwhile (close() or interpreter exit)
-            raise RequestFailedError(_CLOSED_MESSAGE) from exc
-        finally:
-            self._submitting.active = False
-
-    def _run_request(self, request: _Queued) -> Any:
-        self._worker_ident = threading.get_ident()
-        if request.taken:  # it already ran, in an earlier request's batch
-            return _result(request.outcome)
-        partners = self._start(request)
-        if self._closed:
-            raise RequestFailedError(f"{_CLOSED_MESSAGE} (this request was queued but had not started)")
-        if request.forward is None or not partners:
-            return _as_api_error(request.fn)
-        return _result(self._run_together([request, *partners])[0])
-
-    def _start(self, request: _Queued) -> list[_Queued]:
-        """Take ``request`` off the queue, with the queued requests that can run in one pass with it (none if it
-        is not a built-in-loss forward): per session the first one still queued, if it is of the same kind, and
-        nothing behind a request of no session. They are marked taken, so that their own turn only reports."""
-        was_submitting = getattr(self._submitting, "active", False)
-        self._submitting.active = True  # a collector run here only queues its release (the lock is not reentrant)
-        try:
-            with self._queue_lock:
-                if self._queue and self._queue[0] is request:
-                    self._queue.popleft()
-                else:  # never expected: the executor runs requests in the order they were queued
-                    self._queue.remove(request)
-                if request.forward is None or self._closed:
-                    return []
-                seen, partners = {request.run_id}, []
-                for queued in self._queue:
-                    if queued.run_id is None or len(seen) >= len(self._sessions):  # a barrier, or all sessions seen
-                        break
-                    if queued.run_id in seen:
-                        continue
-                    seen.add(queued.run_id)
-                    if queued.forward is not None and queued.forward.backward == request.forward.backward:
-                        partners.append(queued)
-                for partner in partners:
-                    self._queue.remove(partner)
-                    partner.taken = True
-                return partners
-        finally:
-            self._submitting.active = was_submitting
-            if not was_submitting:
-                self._flush_collected()
-
-    def _run_together(self, requests: list[_Queued]) -> list[Outcome]:
+    def _run_together(self, requests: list[Queued]) -> list[Outcome]:
         """Run built-in-loss forwards of different sessions in one batch; each taken request gets its outcome."""
         outcomes: list[Outcome]
         try:
@@ -196,9 +109,9 @@ class LocalBackend:
             self.batched_requests += mixed
             for i, outcome in zip(runnable, results, strict=True):
                 outcomes[i] = outcome
-            outcomes = [_api_outcome(o) for o in outcomes]
+            outcomes = [api_outcome(o) for o in outcomes]
         except BaseException as exc:  # an engine failure outside any one request: every one of them fails
-            failure = _api_outcome(exc) if isinstance(exc, Exception) else exc
+            failure = api_outcome(exc) if isinstance(exc, Exception) else exc
             outcomes = [failure] * len(requests)
         for request, outcome in zip(requests, outcomes, strict=True):
             request.outcome = outcome
@@ -206,7 +119,7 @@ class LocalBackend:
 
     def submit_session(self, run_id: str, fn: Callable[[TrainingSession], T]) -> concurrent.futures.Future[T]:
         """Run ``fn(session)`` on the engine thread, in order (the implementation of every training request)."""
-        return self._submit(_Queued(lambda: fn(self._session(run_id)), run_id))
+        return self._requests.submit(Queued(lambda: fn(self._session(run_id)), run_id))
 
     def _session(self, run_id: str) -> TrainingSession:
         if run_id not in self._sessions:
@@ -279,7 +192,7 @@ class LocalBackend:
             done: concurrent.futures.Future[None] = concurrent.futures.Future()
             done.set_result(None)
             return done
-        return self._submit(_Queued(lambda: self._drop_session(run_id), run_id))
+        return self._requests.submit(Queued(lambda: self._drop_session(run_id), run_id))
 
     def _drop_session(self, run_id: str) -> None:
         session = self._sessions.pop(run_id, None)
@@ -298,20 +211,7 @@ class LocalBackend:
         """
         if self._closed or sys.is_finalizing():
             return
-        self._collected.append(run_id)
-        if not getattr(self._submitting, "active", False):
-            self._flush_collected()
-
-    def _flush_collected(self) -> None:
-        while True:
-            try:
-                run_id = self._collected.popleft()
-            except IndexError:
-                return
-            try:
-                self._enqueue(_Queued(functools.partial(self._drop_session, run_id), run_id))
-            except RequestFailedError:  # closed meanwhile: the sessions went with the engine
-                return
+        self._requests.release_collected(run_id)
 
     def close(self, timeout: float | None = None) -> None:
         """Stop the engine (idempotent).
@@ -320,10 +220,8 @@ class LocalBackend:
         The sampler stops after its current step (waiting at most ``timeout`` seconds) and fails its pending
         requests. Sessions and loaded base models are dropped with the engine.
         """
-        self._closed = True
+        self._requests.close()
         _open_backends.discard(self)
-        # Never join the worker from inside one of its own requests.
-        self._worker.shutdown(wait=threading.get_ident() != self._worker_ident)
         with self._sampler_lock:
             sampler = self._sampler
         if sampler is not None:
@@ -337,7 +235,7 @@ class LocalBackend:
                 backward: bool) -> concurrent.futures.Future[types.ForwardBackwardOutput]:
         request = ForwardRequest(data, loss_fn, loss_fn_config, backward)
         run = functools.partial(self._forward_alone, run_id, request)
-        return self._submit(_Queued(run, run_id, forward=request))
+        return self._requests.submit(Queued(run, run_id, forward=request))
 
     def _forward_alone(self, run_id: str, request: ForwardRequest) -> types.ForwardBackwardOutput:
         return self._session(run_id).forward(request.data, request.loss_fn, request.loss_fn_config, request.backward)
@@ -393,7 +291,7 @@ class LocalBackend:
     def sampler(self) -> Any:
         with self._sampler_lock:
             if self._closed:
-                raise RequestFailedError(_CLOSED_MESSAGE)
+                raise RequestFailedError(CLOSED_MESSAGE)
             if self._sampler is None:
                 from tinker_cookbook.engine.sampling.sampler import SamplerEngine
 
@@ -440,51 +338,13 @@ def _check_model_name(base_model: object) -> None:
                               "get_server_capabilities().supported_models, e.g. 'Qwen/Qwen3-8B'")
 
 
-_CLOSED_MESSAGE = (
-    "the local engine is closed (LocalBackend.close() was called, or the process is exiting); "
-    "create a new ServiceClient to start a new engine"
-)
 def _mark_closed_at_exit(backend: LocalBackend) -> None:
     """atexit: mark the engine closed, so that clients collected from now on release nothing.
 
     Python has joined the worker by now (after it ran the requests submitted before exit), and the sampler has
     its own exit hook, so nothing here waits or runs torch.
     """
-    backend._closed = True
-    backend._worker.shutdown(wait=False)
+    backend._requests.close_at_exit()
 
 
 _open_backends: CloseAtExit[LocalBackend] = CloseAtExit(_mark_closed_at_exit)
-
-
-def _result(outcome: Outcome | None) -> Any:
-    """A request's result from its recorded outcome (raising it if it is an exception)."""
-    if outcome is None:
-        raise InternalServerError("the engine lost the outcome of a batched request (an engine bug)")
-    if isinstance(outcome, BaseException):
-        raise outcome
-    return outcome
-
-
-def _api_outcome(outcome: Outcome) -> Outcome:
-    """An outcome with any exception turned into an API error, as ``_as_api_error`` would."""
-    if not isinstance(outcome, Exception) or isinstance(outcome, TinkerError):
-        return outcome
-    error = InternalServerError(f"the engine failed: {type(outcome).__name__}: {outcome}")
-    error.__cause__ = outcome
-    return error
-
-
-def _as_api_error(fn: Callable[[], T]) -> T:
-    """Run ``fn``; API errors pass through, anything else is an engine failure: InternalServerError.
-
-    Only explicit validation raises BadRequestError. A stray ValueError, KeyError or TypeError is a bug in the
-    engine, not the user's mistake, so it is never relabelled as one; its type is named and it stays chained as
-    ``__cause__`` for the traceback.
-    """
-    try:
-        return fn()
-    except TinkerError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - report any engine failure through the request's future
-        raise InternalServerError(f"the engine failed: {type(exc).__name__}: {exc}") from exc
