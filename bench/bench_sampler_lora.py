@@ -76,7 +76,8 @@ def main() -> None:
     import tinker_cookbook
     from tinker_cookbook.engine.models import load_model
     from tinker_cookbook.engine.sampling import lora as sampler_lora
-    from tinker_cookbook.engine.sampling.sampler import SamplerEngine, SamplingWeights
+    from tinker_cookbook.engine.sampling.sampler import SamplerEngine
+    from tinker_cookbook.engine.sampling.weights import SamplingWeights
     from tinker_cookbook.tinker import types
 
     hf = load_model(args.model, torch.float32)

@@ -240,7 +240,8 @@ def worker_batch1(model: str, new_tokens: int) -> dict[str, Any]:
 
     from tinker_cookbook.engine.models import load_model
     from tinker_cookbook.engine.sampling import decoder_model as sampler_model
-    from tinker_cookbook.engine.sampling.sampler import SamplerEngine, SamplingWeights, default_sampling_dtype
+    from tinker_cookbook.engine.sampling.sampler import SamplerEngine
+    from tinker_cookbook.engine.sampling.weights import SamplingWeights, default_sampling_dtype
     from tinker_cookbook.tinker import types
     from tinker_cookbook.tokenizer_utils import get_tokenizer
 
@@ -308,7 +309,7 @@ def worker(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     import tinker_cookbook
-    from tinker_cookbook.engine.sampling.sampler import default_sampling_dtype
+    from tinker_cookbook.engine.sampling.weights import default_sampling_dtype
 
     assert not args.tree or tinker_cookbook.__file__.startswith(args.tree), tinker_cookbook.__file__
     dtype = str(default_sampling_dtype()).removeprefix("torch.")

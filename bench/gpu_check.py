@@ -149,7 +149,8 @@ def plain_training(model: Any, args: argparse.Namespace, device: torch.device) -
 
 
 def engine_sampling(base: Any, session: Any, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    from tinker_cookbook.engine.sampling.sampler import SamplerEngine, SamplingWeights, default_sampling_dtype
+    from tinker_cookbook.engine.sampling.sampler import SamplerEngine
+    from tinker_cookbook.engine.sampling.weights import SamplingWeights, default_sampling_dtype
     from tinker_cookbook.tinker import types
 
     dtype = default_sampling_dtype(device)

@@ -19,7 +19,7 @@ import pytest
 
 from tinker_cookbook import tinker
 from tinker_cookbook.engine import models
-from tinker_cookbook.engine.sampling.sampler import SamplingWeights
+from tinker_cookbook.engine.sampling.weights import SamplingWeights
 from tinker_cookbook.engine.training.session import BaseModel
 from tinker_cookbook.tinker import types
 

@@ -16,7 +16,8 @@ from tinker_cookbook.engine import settings
 from tinker_cookbook.engine.kernels import decode_kernel
 from tinker_cookbook.engine.sampling import decode as sampler_decode
 from tinker_cookbook.engine.sampling import decoder_model as sampler_model
-from tinker_cookbook.engine.sampling.sampler import SamplerEngine, SamplingWeights
+from tinker_cookbook.engine.sampling.sampler import SamplerEngine
+from tinker_cookbook.engine.sampling.weights import SamplingWeights
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError
 

@@ -16,7 +16,8 @@ from tests.engine.test_sampler import _tiny_qwen3
 from tinker_cookbook.engine import settings
 from tinker_cookbook.engine.kernels import decode_kernel, onednn
 from tinker_cookbook.engine.sampling.decoder_model import Linear
-from tinker_cookbook.engine.sampling.sampler import SamplerEngine, SamplingWeights
+from tinker_cookbook.engine.sampling.sampler import SamplerEngine
+from tinker_cookbook.engine.sampling.weights import SamplingWeights
 from tinker_cookbook.tinker import types
 
 # (out, in): whole blocks of 64 outputs, a partial last block, an input count oneDNN pads, a single block.

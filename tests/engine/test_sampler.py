@@ -13,7 +13,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 from tinker_cookbook.engine.sampling import decode as sampler_decode
 from tinker_cookbook.engine.sampling import decoder_model as sampler_model
 from tinker_cookbook.engine.sampling.batch import KVPool
-from tinker_cookbook.engine.sampling.sampler import SamplerEngine, SamplingWeights, default_sampling_dtype
+from tinker_cookbook.engine.sampling.sampler import SamplerEngine
+from tinker_cookbook.engine.sampling.weights import SamplingWeights, default_sampling_dtype
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError, RequestFailedError, UnprocessableEntityError
 

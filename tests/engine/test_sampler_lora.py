@@ -30,7 +30,8 @@ from tests.engine.test_sampler import _tiny_llama, _tiny_qwen3
 from tinker_cookbook.engine import settings
 from tinker_cookbook.engine.sampling import decoder_model as sampler_model
 from tinker_cookbook.engine.sampling import lora as sampler_lora
-from tinker_cookbook.engine.sampling.sampler import SamplerEngine, SamplingWeights
+from tinker_cookbook.engine.sampling.sampler import SamplerEngine
+from tinker_cookbook.engine.sampling.weights import SamplingWeights
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError
 

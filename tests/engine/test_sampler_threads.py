@@ -12,7 +12,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from tinker_cookbook.engine import threads
 from tinker_cookbook.engine.sampling import decode as sampler_decode
-from tinker_cookbook.engine.sampling.sampler import SamplerEngine, SamplingWeights
+from tinker_cookbook.engine.sampling.sampler import SamplerEngine
+from tinker_cookbook.engine.sampling.weights import SamplingWeights
 from tinker_cookbook.engine.threads import LocalThreads
 from tinker_cookbook.tinker import types
 

@@ -263,7 +263,7 @@ def test_snapshots_of_one_base_share_its_vision_tower() -> None:
     import gc
     import weakref
 
-    from tinker_cookbook.engine.sampling.sampler import SamplingWeights
+    from tinker_cookbook.engine.sampling.weights import SamplingWeights
 
     model = load_model(MODEL)
     state = dict(model.state_dict())

@@ -128,7 +128,7 @@ class LocalBackend:
 
     def _base(self, name: str) -> BaseModel:
         if name not in self._bases:
-            from tinker_cookbook.engine.sampling.sampler import default_sampling_dtype
+            from tinker_cookbook.engine.sampling.weights import default_sampling_dtype
 
             spec = models.get_model_spec(name)
             compute = engine_devices.base_dtype(self.device)
@@ -301,7 +301,7 @@ class LocalBackend:
     def _handle(self, base: BaseModel, adapter_state: dict[str, torch.Tensor] | None,
                 adapter_config: dict[str, Any] | None, model_path: str | None) -> SamplerHandle:
         from tinker_cookbook.base.tokenizers import get_tokenizer
-        from tinker_cookbook.engine.sampling.sampler import SamplingWeights, default_sampling_dtype
+        from tinker_cookbook.engine.sampling.weights import SamplingWeights, default_sampling_dtype
 
         weights = SamplingWeights.build(base.config, base.base_state, adapter_state, adapter_config,
                                         default_sampling_dtype(base.device))
