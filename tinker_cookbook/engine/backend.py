@@ -24,10 +24,11 @@ from typing import Any, ClassVar, TypeVar
 import torch
 
 from tinker_cookbook.engine import device as engine_devices
-from tinker_cookbook.engine import models
+from tinker_cookbook.engine import handles, models
 from tinker_cookbook.engine.exit_hooks import CloseAtExit
+from tinker_cookbook.engine.handles import SamplerHandle
 from tinker_cookbook.engine.request_queue import CLOSED_MESSAGE, Queued, RequestQueue, api_outcome
-from tinker_cookbook.engine.store.checkpoint_store import CheckpointKind, CheckpointStore
+from tinker_cookbook.engine.store.checkpoint_store import CheckpointStore
 from tinker_cookbook.engine.store.files import read_sampler_adapter
 from tinker_cookbook.engine.training.base_model import BaseModel
 from tinker_cookbook.engine.training.custom_loss import CustomLossFn
@@ -36,23 +37,12 @@ from tinker_cookbook.engine.training.session import ForwardRequest, Outcome, Tra
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import (
     BadRequestError,
-    InternalServerError,
     NotFoundError,
     RequestFailedError,
     TinkerError,
 )
 
 T = TypeVar("T")
-
-
-class SamplerHandle:
-    """What a sampling client samples from: immutable weights plus the tokenizer and base model name."""
-
-    def __init__(self, base_model: str, weights: Any, tokenizer: Any, model_path: str | None) -> None:
-        self.base_model = base_model
-        self.weights = weights
-        self.tokenizer = tokenizer
-        self.model_path = model_path
 
 
 class LocalBackend:
@@ -250,40 +240,20 @@ class LocalBackend:
 
     def save(self, run_id: str, kind: str, name: str, ttl_seconds: int | None,
              overwrite: bool = False) -> concurrent.futures.Future[str]:
-        return self.submit_session(run_id, lambda s: self._save(s, kind, name, ttl_seconds, overwrite))
+        return self.submit_session(run_id, lambda s: s.save_to(self.store, kind, name, ttl_seconds, overwrite))
 
     def load(self, run_id: str, path: str, with_optimizer: bool
              ) -> concurrent.futures.Future[types.LoadWeightsResponse]:
-        return self.submit_session(run_id, lambda s: self._load(s, path, with_optimizer))
+        return self.submit_session(run_id, lambda s: s.load_from(self.store, path, with_optimizer))
 
     def snapshot(self, run_id: str, name: str | None) -> concurrent.futures.Future[SamplerHandle]:
         """Sampling weights of the adapter as it is when this request runs; with a name, also saved as a
         ``sampler_weights/`` checkpoint that the handle then names."""
         def take(session: TrainingSession) -> SamplerHandle:
-            path = None if name is None else self._save(session, "sampler_weights", name, None, True)
-            return self.snapshot_handle(session, path)
+            path = None if name is None else session.save_to(self.store, "sampler_weights", name, None, True)
+            return handles.snapshot_handle(session, path)
 
         return self.submit_session(run_id, take)
-
-    # -- checkpoints ------------------------------------------------------------------------------------
-
-    def _save(self, session: TrainingSession, kind: str, name: str, ttl_seconds: int | None, overwrite: bool) -> str:
-        if kind not in ("weights", "sampler_weights"):
-            raise InternalServerError(f"save: unknown checkpoint kind {kind!r} (an engine bug)")
-        checkpoint_kind: CheckpointKind = "weights" if kind == "weights" else "sampler_weights"
-        writer = session.write_state if kind == "weights" else session.write_adapter
-        checkpoint = self.store.write_checkpoint(
-            session.run_id, checkpoint_kind, name, writer, session.metadata(), ttl_seconds=ttl_seconds, overwrite=overwrite
-        )
-        return checkpoint.tinker_path
-
-    def _load(self, session: TrainingSession, path: str, with_optimizer: bool) -> types.LoadWeightsResponse:
-        meta = self.store.checkpoint_metadata(path)
-        if meta.get("base_model") != session.base.spec.name:
-            raise BadRequestError(f"{path} was trained on {meta.get('base_model')!r}, but this client's base model is "
-                                  f"{session.base.spec.name!r}; create a client with create_training_client_from_state")
-        session.load_state(self.store.checkpoint_dir(path, expected_kind="weights"), with_optimizer, path)
-        return types.LoadWeightsResponse(path=path, type="load_weights")
 
     # -- sampling ---------------------------------------------------------------------------------------
 
@@ -298,20 +268,6 @@ class LocalBackend:
                 self._sampler = SamplerEngine()
             return self._sampler
 
-    def _handle(self, base: BaseModel, adapter_state: dict[str, torch.Tensor] | None,
-                adapter_config: dict[str, Any] | None, model_path: str | None) -> SamplerHandle:
-        from tinker_cookbook.base.tokenizers import get_tokenizer
-        from tinker_cookbook.engine.sampling.weights import SamplingWeights, default_sampling_dtype
-
-        weights = SamplingWeights.build(base.config, base.base_state, adapter_state, adapter_config,
-                                        default_sampling_dtype(base.device))
-        return SamplerHandle(base.spec.name, weights, get_tokenizer(base.spec.tokenizer_name), model_path)
-
-    def snapshot_handle(self, session: TrainingSession, model_path: str | None) -> SamplerHandle:
-        """Sampling weights of the session's adapter as it is now (runs on the engine thread, in order)."""
-        state = session.base.adapter_state(session.run_id)
-        return self._handle(session.base, state, session.base.adapter_config_dict(session.run_id), model_path)
-
     def handle_for_path(self, model_path: str) -> SamplerHandle:
         directory = self.store.checkpoint_dir(model_path, expected_kind="sampler_weights")
         meta = self.store.checkpoint_metadata(model_path)
@@ -320,11 +276,11 @@ class LocalBackend:
     def _handle_from_dir(self, base_model: str, directory: Path, model_path: str) -> SamplerHandle:
         base = self._base(base_model)
         state, config = read_sampler_adapter(directory, model_path, base.base_state, base.spec.name)
-        return self._handle(base, state, config, model_path)
+        return handles.build_handle(base, state, config, model_path)
 
     def handle_for_base(self, base_model: str) -> SamplerHandle:
         _check_model_name(base_model)
-        return self.submit(lambda: self._handle(self._base(base_model), None, None, None)).result()
+        return self.submit(lambda: handles.build_handle(self._base(base_model), None, None, None)).result()
 
     def sample(self, handle: SamplerHandle, prompt: types.ModelInput, num_samples: int, params: types.SamplingParams,
                include_prompt_logprobs: bool, topk_prompt_logprobs: int) -> concurrent.futures.Future[types.SampleResponse]:

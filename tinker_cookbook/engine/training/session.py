@@ -14,18 +14,22 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tinker_cookbook.engine.store import files
+from tinker_cookbook.engine.store.names import CheckpointKind
 from tinker_cookbook.engine.training import custom_loss, forward, losses, validation
 from tinker_cookbook.engine.training.base_model import BaseModel
 from tinker_cookbook.engine.training.forward import TokenLoss
 from tinker_cookbook.engine.training.optimizer import AdamW, InvalidState, NonFiniteStep
 from tinker_cookbook.engine.training.validation import DatumTensors
 from tinker_cookbook.tinker import types
-from tinker_cookbook.tinker.errors import BadRequestError, UnprocessableEntityError
+from tinker_cookbook.tinker.errors import BadRequestError, InternalServerError, UnprocessableEntityError
+
+if TYPE_CHECKING:
+    from tinker_cookbook.engine.store.checkpoint_store import CheckpointStore
 
 
 @dataclass(frozen=True)
@@ -228,6 +232,27 @@ class TrainingSession:
         self.base.load_adapter_state(self.run_id, adapter, adapter_label)
         self._clear_grads()
         self.optimizer = optimizer
+
+    def save_to(self, store: CheckpointStore, kind: str, name: str, ttl_seconds: int | None, overwrite: bool) -> str:
+        """Save a ``weights/`` (``write_state``) or ``sampler_weights/`` (``write_adapter``) checkpoint of the
+        session in ``store``; returns its tinker:// path."""
+        if kind not in ("weights", "sampler_weights"):
+            raise InternalServerError(f"save: unknown checkpoint kind {kind!r} (an engine bug)")
+        checkpoint_kind: CheckpointKind = "weights" if kind == "weights" else "sampler_weights"
+        writer = self.write_state if kind == "weights" else self.write_adapter
+        checkpoint = store.write_checkpoint(
+            self.run_id, checkpoint_kind, name, writer, self.metadata(), ttl_seconds=ttl_seconds, overwrite=overwrite
+        )
+        return checkpoint.tinker_path
+
+    def load_from(self, store: CheckpointStore, path: str, with_optimizer: bool) -> types.LoadWeightsResponse:
+        """Adopt the ``weights/`` checkpoint ``path`` of ``store``, which must be of this session's base model."""
+        meta = store.checkpoint_metadata(path)
+        if meta.get("base_model") != self.base.spec.name:
+            raise BadRequestError(f"{path} was trained on {meta.get('base_model')!r}, but this client's base model is "
+                                  f"{self.base.spec.name!r}; create a client with create_training_client_from_state")
+        self.load_state(store.checkpoint_dir(path, expected_kind="weights"), with_optimizer, path)
+        return types.LoadWeightsResponse(path=path, type="load_weights")
 
     def metadata(self) -> dict[str, Any]:
         return {
