@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tinker_cookbook import perf_env
+from tinker_cookbook.base.atomic_files import atomic_dir
 from tinker_cookbook.exceptions import ConfigurationError
 from tinker_cookbook.tinker import RestClient, errors, types
 
@@ -191,16 +192,13 @@ def checkpoint_download(rc: RestClient, args: argparse.Namespace, out: Printer) 
     url = rc.get_checkpoint_archive_url_from_tinker_path(args.path).result().url
     output_dir.mkdir(parents=True, exist_ok=True)
     # Fetch and extract beside the target and rename, so an interrupted download never looks complete.
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=output_dir))
-    try:
-        tar_path, _ = urllib.request.urlretrieve(url, staging / "archive.tar")
+    with (atomic_dir(target) as extracted,
+          tempfile.TemporaryDirectory(prefix=f".{target.name}.", dir=output_dir) as download):
+        tar_path, _ = urllib.request.urlretrieve(url, Path(download) / "archive.tar")
         with tarfile.open(tar_path) as tar:
-            tar.extractall(staging / "files", filter="data")
+            tar.extractall(extracted, filter="data")
         if target.exists():
             shutil.rmtree(target)
-        (staging / "files").rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     files = sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file())
     out.emit(
         {"tinker_path": args.path, "path": str(target), "files": files}, f"Downloaded {args.path} to {target}"

@@ -97,8 +97,8 @@ def _load_config(model_name: str) -> PretrainedConfig:
     """A model's config: the tiny test models', else Hugging Face's (local cache first, the Hub where reachable)."""
     from transformers import AutoConfig
 
+    from tinker_cookbook.base.hub import hub_is_reachable
     from tinker_cookbook.base.tiny_models import TINY_MODEL_CONFIGS
-    from tinker_cookbook.base.tokenizers import hub_is_reachable
 
     if model_name in TINY_MODEL_CONFIGS:
         return TINY_MODEL_CONFIGS[model_name]()

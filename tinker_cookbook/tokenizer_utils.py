@@ -5,13 +5,13 @@ same tokenizers and must not import cookbook modules; see that module for the re
 Hugging Face cache/Hub, packaged offline tokenizers).
 """
 
+from tinker_cookbook.base.hub import hub_is_reachable
 from tinker_cookbook.base.tokenizers import (
     TINY_MODEL_PREFIX,
     Tokenizer,
     TokenizerFactory,
     get_registered_tokenizer_names,
     get_tokenizer,
-    hub_is_reachable,
     is_tokenizer_registered,
     packaged_tokenizer_family,
     register_tokenizer,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tinker_cookbook.base import assets
+from tinker_cookbook.base import assets, hub
 from tinker_cookbook.engine import gguf_convert, models
 from tinker_cookbook.engine.models import ModelSpec
 from tinker_cookbook.tinker.errors import NotFoundError, UnprocessableEntityError
@@ -73,8 +73,8 @@ def test_offline_mode_never_probes_the_hub(monkeypatch: pytest.MonkeyPatch) -> N
     def fail(endpoint: str) -> bool:
         raise AssertionError(f"probed {endpoint} although HF_HUB_OFFLINE=1")
 
-    monkeypatch.setattr(models, "_hub_answers", fail)
-    assert not models.hub_usable()
+    monkeypatch.setattr(hub, "_answers", fail)
+    assert not hub.hub_is_reachable()
     with pytest.raises(NotFoundError):
         models.get_model_spec("acme/does-not-exist")
 
@@ -122,7 +122,7 @@ def _no_downloads(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError(f"tried to download or load {args}")
 
-    monkeypatch.setattr(models, "hub_usable", lambda: True)
+    monkeypatch.setattr(hub, "hub_is_reachable", lambda: True)
     monkeypatch.setattr(models, "_hub_spec", refuse)
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
     monkeypatch.setattr(AutoModelForImageTextToText, "from_pretrained", refuse)
@@ -192,7 +192,7 @@ def test_hub_model_of_an_unsupported_architecture_fails_before_its_weights(
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("tried to download weights")
 
-    monkeypatch.setattr(models, "hub_usable", lambda: True)
+    monkeypatch.setattr(hub, "hub_is_reachable", lambda: True)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fetch_config)
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
     with pytest.raises(UnprocessableEntityError, match="acme/new-moe.*mixture-of-experts"):
@@ -479,11 +479,11 @@ def test_real_smollm2_from_gguf_knows_the_capital_of_france() -> None:
     """Converts the packaged GGUF on first use (about 20 s), then loads the cache (about 2 s)."""
     if assets.smollm2_gguf() is None:
         pytest.skip("offline assets not installed")
-    from transformers import AutoTokenizer
+    from tinker_cookbook.base.tokenizers import get_tokenizer
 
     model = models.load_model(models.SMOLLM2_NAME)
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
-    tokenizer = AutoTokenizer.from_pretrained(models.converted_smollm2_dir())
+    tokenizer = get_tokenizer(models.SMOLLM2_NAME)
     input_ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
     output = model.generate(input_ids, max_new_tokens=4, do_sample=False)
     assert "Paris" in tokenizer.decode(output[0, input_ids.shape[1] :])

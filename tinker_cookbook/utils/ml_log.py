@@ -33,6 +33,7 @@ from typing import Any
 
 import chz
 
+from tinker_cookbook.base.atomic_files import atomic_file
 from tinker_cookbook.exceptions import ConfigurationError
 
 logger = logging.getLogger(__name__)
@@ -347,10 +348,8 @@ def truncate_metrics(log_dir: str | Path, keep_below_step: int) -> int:
     rows = read_metrics(log_dir)
     kept = [row for row in rows if not (isinstance(row.get("step"), int) and row["step"] >= keep_below_step)]
     dropped = len(rows) - len(kept)
-    tmp = path.with_suffix(".jsonl.tmp")
-    with open(tmp, "w") as f:
+    with atomic_file(path) as tmp, open(tmp, "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in kept)
-    os.replace(tmp, path)
     if dropped:
         logger.info("dropped %d metrics rows from step %d on (they are recomputed)", dropped, keep_below_step)
     return dropped

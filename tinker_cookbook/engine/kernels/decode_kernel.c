@@ -1,10 +1,13 @@
-/* The element-wise parts of a sampler decode step, one call each per layer (see decode_kernel.py).
+/* The element-wise parts of a sampler decode step, one call each per layer, and its matmuls of a few rows (see
+ * decode_kernel.py).
  *
  * A decode step of a few rows is hundreds of tiny torch calls of a few microseconds each; here the RMSNorms, the
  * q/k norms, the rotary embedding, the K/V cache write and the attention over the cache of one layer are a handful
- * of plain loops. The matmuls stay torch's (oneDNN). All arithmetic is fp32 and, like torch's kernels, rounds
- * every product and sum on its own (built with -ffp-contract=off: no fused multiply-adds), so results differ from
- * the torch path only in the order of the sums (dot products, softmax normaliser): fp32 rounding.
+ * of plain loops. tc_matmul multiplies a few rows (MATMUL_MAX_ROWS in decode_kernel.py) by a weight read in place,
+ * in the layout oneDNN packed it in (blocks of 64 outputs, shared between the calling thread and helper threads);
+ * larger matmuls stay torch's (oneDNN). All arithmetic is fp32 and, like torch's kernels, rounds every product and
+ * sum on its own (built with -ffp-contract=off: no fused multiply-adds), so results differ from the torch path only
+ * in the order of the sums (dot products, softmax normaliser): fp32 rounding.
  */
 #include <math.h>
 #include <stdint.h>

@@ -13,7 +13,7 @@ and one core does not saturate the memory bus. Larger matmuls (prefill, big deco
 The library is compiled on first use with the system C compiler (``$CC``, else ``cc``) and cached under
 ``cache_dir()/kernels`` by a hash of its source, flags and compiler; where no compiler works the sampler keeps its
 torch decode and oneDNN's matmuls (logged once). ``TINKER_COOKBOOK_DECODE_KERNEL=0`` turns both off (``1``: on, the
-default). Results equal the torch decode to fp32 rounding (``tests/engine/test_decode_kernel.py``,
+default), as does ``TINKER_COOKBOOK_COMPILED=0`` (see ``engine.settings``). Results equal the torch decode to fp32 rounding (``tests/engine/test_decode_kernel.py``,
 ``tests/engine/test_decode_matmul.py``).
 """
 
@@ -26,7 +26,6 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tinker_cookbook.base.assets import cache_dir
+from tinker_cookbook.base.atomic_files import atomic_file
 from tinker_cookbook.engine import settings
 from tinker_cookbook.engine.kernels import onednn
 
@@ -88,18 +88,12 @@ def _build(compiler: str) -> Path:
     if target.exists():
         return target
     # Another process may build the same library at the same time: each writes its own file, then renames it.
-    fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=folder)
-    os.close(fd)
-    try:
+    with atomic_file(target) as tmp:
         result = subprocess.run(
-            [compiler, *_FLAGS, str(_SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True, timeout=300
+            [compiler, *_FLAGS, str(_SOURCE), "-o", str(tmp), "-lm"], capture_output=True, text=True, timeout=300
         )
         if result.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-2000:]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return target
 
 
