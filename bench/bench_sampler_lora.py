@@ -1,4 +1,4 @@
-"""Sampler snapshots merged vs unmerged (``engine/sampler_lora.py``): memory per extra snapshot, mixed-batch decode.
+"""Sampler snapshots merged vs unmerged (``engine/sampling/lora.py``): memory per extra snapshot, mixed-batch decode.
 
     python bench/bench_sampler_lora.py                      # SmolLM2-135M-Instruct, 3 adapters of rank 32
     python bench/bench_sampler_lora.py --model tinker-cookbook/tiny-smollm2 --rounds 1 --max-tokens 8

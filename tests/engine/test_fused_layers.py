@@ -1,4 +1,4 @@
-"""The hand-fused RMSNorm, SiLU·up and attention (``engine/fused_layers.py``) against float64 references and against
+"""The hand-fused RMSNorm, SiLU·up and attention (``engine/training/fused_layers.py``) against float64 references and against
 the Hugging Face path in whole LoRA training steps (Llama- and Qwen3-shaped tiny models), at 1, 2 and 4 threads."""
 
 from __future__ import annotations

@@ -82,8 +82,30 @@ def test_offline_mode_never_probes_the_hub(monkeypatch: pytest.MonkeyPatch) -> N
 def test_hub_probe_gives_up_quickly_on_an_unreachable_endpoint() -> None:
     started = time.perf_counter()
     # Port 9 (discard) on localhost refuses connections at once on ordinary machines.
-    assert models._hub_answers("http://127.0.0.1:9") is False
-    assert time.perf_counter() - started < models._HUB_PROBE_TIMEOUT_S + 1.5
+    assert hub._answers("http://127.0.0.1:9") is False
+    assert time.perf_counter() - started < hub._PROBE_TIMEOUT_S + 1.5
+
+
+@pytest.mark.parametrize(
+    ("env", "hub_off", "datasets_off"),
+    [
+        ({"HF_HUB_OFFLINE": "1"}, True, True),
+        ({"HF_HUB_OFFLINE": "true"}, True, True),  # the libraries take 1/ON/YES/TRUE in any case
+        ({"HF_HUB_OFFLINE": "0"}, False, False),
+        ({"TRANSFORMERS_OFFLINE": "yes"}, True, True),
+        ({"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "1"}, False, False),  # the first one set decides
+        ({"HF_DATASETS_OFFLINE": "1"}, False, True),
+        ({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "0"}, True, False),  # datasets' own switch decides there
+    ],
+)
+def test_offline_switches_read_as_the_hub_libraries_do(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+                                                         hub_off: bool, datasets_off: bool) -> None:
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert hub.hub_offline() is hub_off
+    assert hub.hub_offline(datasets=True) is datasets_off
 
 
 def test_available_models_has_the_tiny_models() -> None:

@@ -1,5 +1,5 @@
 """Several training clients on one base: their queued forward_backward requests run in one batched pass
-(``engine.multi_lora``), with results per client as if each ran alone."""
+(``engine.training.multi_lora``), with results per client as if each ran alone."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Each result is compared with the in-process ``SamplingClient`` doing the same request with the same seed. The
 requests run one at a time, so each is alone in the sampler's batch and the two paths compute bit-identical
-logits: equal seeds must then give equal tokens (see ``engine/sampler.py`` on seeds).
+logits: equal seeds must then give equal tokens (see ``engine/sampling/sampler.py`` on seeds).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The Hugging Face hub as the libraries see it: whether the user switched it off, and whether it answers.
+"""The Hugging Face hub as the libraries see it: whether the user switched it off, whether it answers, and where
+its local cache is.
 
 ``hub_offline`` reads the switches exactly as the libraries do, so the cookbook never tries the hub where they
 would refuse it (or skips it where they would go): huggingface_hub (and transformers, which asks it) takes
@@ -16,6 +17,7 @@ import os
 import threading
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 _TRUE_VALUES = {"1", "ON", "YES", "TRUE"}
 _PROBE_TIMEOUT_S = 3.0
@@ -30,6 +32,17 @@ def hub_offline(datasets: bool = False) -> bool:
     if datasets and os.environ.get("HF_DATASETS_OFFLINE") is not None:
         return _is_true(os.environ["HF_DATASETS_OFFLINE"])
     return _is_true(os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE"))
+
+
+def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache, read from the environment at each call (tests point it elsewhere)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
 
 
 def hub_is_reachable() -> bool:

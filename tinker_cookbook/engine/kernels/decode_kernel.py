@@ -13,8 +13,8 @@ and one core does not saturate the memory bus. Larger matmuls (prefill, big deco
 The library is compiled on first use with the system C compiler (``$CC``, else ``cc``) and cached under
 ``cache_dir()/kernels`` by a hash of its source, flags and compiler; where no compiler works the sampler keeps its
 torch decode and oneDNN's matmuls (logged once). ``TINKER_COOKBOOK_DECODE_KERNEL=0`` turns both off (``1``: on, the
-default), as does ``TINKER_COOKBOOK_COMPILED=0`` (see ``engine.settings``). Results equal the torch decode to fp32 rounding (``tests/engine/test_decode_kernel.py``,
-``tests/engine/test_decode_matmul.py``).
+default), as does ``TINKER_COOKBOOK_COMPILED=0`` (see ``engine.settings``). Results equal the torch decode to fp32
+rounding (``tests/engine/test_decode_kernel.py``, ``tests/engine/test_decode_matmul.py``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """The checkpoint store room: runs and checkpoints on the local filesystem behind ``tinker://`` paths.
 
-``checkpoint_store`` (the store), with its parts: ``names`` (run ids, kinds and paths), ``runs`` (the run
-registry), ``checkpoints`` (checkpoint records), ``archives`` (download archives); ``files`` (the engine's files
-inside a checkpoint), ``paths`` (symlink safety) and ``crash_safety`` (atomic swaps, recovery after kills).
+``checkpoint_store`` (the store, its one entry point) over its parts: ``layout`` (paths under the root, recovery
+after kills), ``runs`` (the run registry), ``checkpoints`` (look-up, listing, changes), ``writes`` (atomic saves),
+``archives`` (download archives), ``names`` and ``records`` (names, paths and ``checkpoint.json``); with
+``paths`` (symlink safety) and ``crash_safety`` (atomic swaps, staging entries). ``files`` reads and writes the
+engine's files inside a checkpoint.
 """
