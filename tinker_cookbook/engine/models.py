@@ -21,7 +21,6 @@ mixture-of-experts Qwen3) fails with ``UnprocessableEntityError`` before any wei
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
