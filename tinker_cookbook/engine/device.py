@@ -9,7 +9,7 @@ Precision per device (one place, read by training and the sampler):
 - CPU: the frozen base in fp32, its matmuls through oneDNN's fp32 kernels where a probe shows that is exact
   (``fast_fp32_matmuls``; the base's Linear layers on weights packed once for oneDNN, ``frozen_linear``: ``W``
   for the forward, ``Wᵀ`` for the input gradient). ``$TINKER_COOKBOOK_TRAIN_DTYPE=bf16`` packs those copies in
-  bf16 where the CPU has bf16 kernels (``frozen_linear.can_pack``; elsewhere autocast), so only the base's Linear
+  bf16 where the CPU has bf16 kernels (``kernels.onednn.can_pack``; elsewhere autocast), so only the base's Linear
   matmuls run in bf16: activations, attention, the logits and everything LoRA stay fp32; the logprob mismatch
   that adds, and its speed, are in the README. LoRA parameters, gradients and Adam state in fp32; the sampler in
   fp32 (see ``default_sampling_dtype``).

@@ -42,7 +42,6 @@ class ForwardRequest:
     backward: bool
 
 
-
 @dataclass
 class PreparedForward:
     """A validated built-in-loss request: its session, loss and data tensors."""
@@ -112,7 +111,8 @@ class TrainingSession:
         logps, _ = forward.run_batch(self.base, self.run_id, self.params, model, prepared.batch, None)
         return prepared.output(logps, None)
 
-    def forward_backward_custom(self, data: list[types.Datum], loss_fn: custom_loss.CustomLossFn) -> types.ForwardBackwardOutput:
+    def forward_backward_custom(self, data: list[types.Datum], loss_fn: custom_loss.CustomLossFn
+                                ) -> types.ForwardBackwardOutput:
         """A user loss on per-datum logprobs, applied through the linear surrogate sum(dL/dlogp · logp).
 
         Pass 1 computes logprobs without a graph; the user's loss runs on leaf copies of them and autograd gives
