@@ -128,7 +128,7 @@ def test_imports_follow_the_layering_rule():
         ("tinker_cookbook.engine.backend", "tinker_cookbook.tinker.training_client", False),
         ("tinker_cookbook.tinker.rest_client", "tinker_cookbook.engine.checkpoint_store", False),
         ("tinker_cookbook.tinker.service_client", "tinker_cookbook.engine.backend", False),
-        ("tinker_cookbook.tinker._backend", "tinker_cookbook.backends", False),
+        ("tinker_cookbook.tinker.backend", "tinker_cookbook.backends", False),
         ("tinker_cookbook.backends", "tinker_cookbook.engine.backend", True),
         ("tinker_cookbook.backends", "tinker_cookbook.tinker._remote", True),
         ("tinker_cookbook.backends", "tinker_cookbook.supervised.train", False),
@@ -139,7 +139,7 @@ def test_imports_follow_the_layering_rule():
         ("tinker_cookbook.tinker.types", "tinker_cookbook.renderers", False),
         ("tinker_cookbook.server.openai_api", "tinker_cookbook.engine.backend", False),
         ("tinker_cookbook.server.tinker_api", "tinker_cookbook.engine.sampler", False),
-        ("tinker_cookbook.server.app", "tinker_cookbook.tinker._backend", True),
+        ("tinker_cookbook.server.app", "tinker_cookbook.tinker.backend", True),
         ("tinker_cookbook.server.openai_api", "tinker_cookbook.renderers", True),
         ("tinker_cookbook.server.openai_api", "tinker_cookbook.tokenizer_utils", True),
     ],
@@ -160,12 +160,12 @@ def test_importing_the_api_loads_no_engine():
 
 
 def test_the_contract_names_the_wiring_module_it_loads():
-    """The one dynamic import of the contract (``_backend.PROVIDER_MODULE``) is the wiring module, and that module
+    """The one dynamic import of the contract (``backend.PROVIDER_MODULE``) is the wiring module, and that module
     registers the factories: creating a client needs nothing else."""
-    from tinker_cookbook.tinker import _backend
+    from tinker_cookbook.tinker import backend
 
-    assert _backend.PROVIDER_MODULE in WIRING_MODULES
-    code = ("from tinker_cookbook.tinker import _backend; _backend._registered(); "
-            "print(_backend._factories is not None)")
+    assert backend.PROVIDER_MODULE in WIRING_MODULES
+    code = ("from tinker_cookbook.tinker import backend; backend._registered(); "
+            "print(backend._factories is not None)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert result.stdout.strip() == "True"

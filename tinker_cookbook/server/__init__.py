@@ -9,7 +9,7 @@
     client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="-")
     client.chat.completions.create(model="tinker://RUN/sampler_weights/final", messages=[...])
 
-The server is an adapter over the API's ``Backend`` interface (``tinker_cookbook.tinker._backend``); it never
+The server is an adapter over the API's ``Backend`` interface (``tinker_cookbook.tinker.backend``); it never
 imports the engine itself. ``create_app`` builds the app (``app.py``: key check, body limit, error format),
 ``openai_api`` and ``tinker_api`` hold the routes, ``running`` serves it with uvicorn.
 """

@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tinker_cookbook.exceptions import ConfigurationError
 from tinker_cookbook.tinker import errors
-from tinker_cookbook.tinker._backend import Backend
+from tinker_cookbook.tinker.backend import Backend
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ class _BodyLimit:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def create_app(backend: Backend, *, api_key: str | None = None, host: str = "127.0.0.1",
+def create_app(backend: Backend[Any], *, api_key: str | None = None, host: str = "127.0.0.1",
                limits: ServerLimits | None = None, preload: Sequence[str] = ()) -> FastAPI:
     """The server's app for ``backend``; raises ConfigurationError for a non-loopback ``host`` without a key.
 

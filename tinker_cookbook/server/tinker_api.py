@@ -59,7 +59,7 @@ from tinker_cookbook.server.tinker_bodies import (  # the protocol's request sch
 )
 from tinker_cookbook.server.tinker_sessions import SessionGone, State
 from tinker_cookbook.tinker import errors, types
-from tinker_cookbook.tinker._backend import Backend
+from tinker_cookbook.tinker.backend import Backend, SamplerHandle
 from tinker_cookbook.tinker.futures import then
 
 T = TypeVar("T")
@@ -150,7 +150,7 @@ def _validation_summary(exc: ValidationError) -> str:
 
 # -- the router -----------------------------------------------------------------------------------------------
 
-def build_router(backend: Backend) -> APIRouter:  # noqa: C901 - one closure per route reads best here
+def build_router(backend: Backend[Any]) -> APIRouter:  # noqa: C901 - one closure per route reads best here
     """All Tinker-protocol routes, served by ``backend``."""
     state = State(backend)
     router = APIRouter(prefix="/api/v1")
@@ -331,7 +331,7 @@ def build_router(backend: Backend) -> APIRouter:  # noqa: C901 - one closure per
         return state.track(future, _json, body.model_id)
 
     # -- sampling --------------------------------------------------------------------------------------------
-    def open_handle(base_model: str | None, model_path: str | None) -> Any:
+    def open_handle(base_model: str | None, model_path: str | None) -> SamplerHandle:
         # A model_path names its base model itself; base_model alone samples the base model.
         if model_path:
             return backend.handle_for_path(model_path)

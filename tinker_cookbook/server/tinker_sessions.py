@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from fastapi.responses import JSONResponse, Response
 
 from tinker_cookbook.tinker import errors
-from tinker_cookbook.tinker._backend import Backend
+from tinker_cookbook.tinker.backend import Backend, SamplerHandle
 
 T = TypeVar("T")
 
@@ -51,7 +51,7 @@ class _Session:
 
 @dataclass
 class _Sampler:
-    handle: Any
+    handle: SamplerHandle
     base_model: str
     model_path: str | None
     session_id: str
@@ -67,7 +67,7 @@ class _Pending:
 class State:
     """What the protocol needs to remember between requests; the backend holds everything else."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend[Any]) -> None:
         self.backend = backend
         self.lock = threading.Lock()
         self.sessions: dict[str, _Session] = {}
@@ -144,7 +144,7 @@ class State:
                 "sampling client")
         return found
 
-    def add_sampler(self, handle: Any, session_id: str) -> str:
+    def add_sampler(self, handle: SamplerHandle, session_id: str) -> str:
         sampler_id = f"sampler-{secrets.token_hex(8)}"
         with self.lock:
             session = self.sessions.get(session_id)

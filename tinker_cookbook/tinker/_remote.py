@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 from tinker_cookbook.tinker import errors, types
-from tinker_cookbook.tinker._backend import CheckpointKind, CustomLossFn
+from tinker_cookbook.tinker.backend import CheckpointKind, CustomLossFn
 from tinker_cookbook.tinker.futures import then
 
 T = TypeVar("T")

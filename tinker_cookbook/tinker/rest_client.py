@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 from tinker_cookbook.tinker import errors, types
-from tinker_cookbook.tinker._backend import CheckpointStoreAPI, resolve_store
+from tinker_cookbook.tinker.backend import CheckpointStoreAPI, resolve_store
 from tinker_cookbook.tinker.futures import APIFuture
 
 T = TypeVar("T")
