@@ -118,6 +118,22 @@ class State:
 
     # -- ids -----------------------------------------------------------------------------------------------
 
+    def register_model(self, session_id: str, model_id: str, run_id: str) -> None:
+        """Hand out ``model_id`` for the backend's ``run_id``, as a training client of the session."""
+        with self.lock:
+            session = self.sessions.get(session_id)
+            if session is None:  # the session ended while the model was being created: free it again
+                self.backend.close_session(run_id)
+                raise SessionGone(f"session_id={session_id!r} ended while its training client was being created")
+            self.models[model_id] = run_id
+            self.model_sessions[model_id] = session_id
+            session.model_ids.append(model_id)
+
+    def session_of_model(self, model_id: str) -> str:
+        """The session a training client belongs to ("" once the session is gone)."""
+        with self.lock:
+            return self.model_sessions.get(model_id, "")
+
     def run_id(self, model_id: str) -> str:
         with self.lock:
             run_id = self.models.get(model_id)

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 from tinker_cookbook.tinker import errors, types
-from tinker_cookbook.tinker.backend import CheckpointKind, CustomLossFn
+from tinker_cookbook.tinker.backend import CustomLossFn
 from tinker_cookbook.tinker.futures import then
 
 T = TypeVar("T")
@@ -362,7 +362,7 @@ class RemoteBackend:
         return adapt(_sdk_future(call(lambda: client.optim_step(params))),
                      lambda r: types.OptimStepResponse(metrics=r.metrics))
 
-    def save(self, run_id: str, kind: CheckpointKind, name: str, ttl_seconds: int | None,
+    def save(self, run_id: str, kind: types.CheckpointKind, name: str, ttl_seconds: int | None,
              overwrite: bool = False) -> concurrent.futures.Future[str]:
         client = self._client(run_id)
         if kind == "weights":

@@ -28,7 +28,7 @@ import importlib
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tinker_cookbook.tinker import types
 
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
     from tinker_cookbook.base.tokenizers import Tokenizer
 
-CheckpointKind = Literal["weights", "sampler_weights"]
 CustomLossFn = Callable[[list[types.Datum], list["torch.Tensor"]], tuple["torch.Tensor", dict[str, float]]]
 
 
@@ -91,7 +90,7 @@ class Backend(Protocol[H]):
                                 ) -> concurrent.futures.Future[types.ForwardBackwardOutput]: ...
     def optim_step(self, run_id: str, adam_params: types.AdamParams
                    ) -> concurrent.futures.Future[types.OptimStepResponse]: ...
-    def save(self, run_id: str, kind: CheckpointKind, name: str, ttl_seconds: int | None,
+    def save(self, run_id: str, kind: types.CheckpointKind, name: str, ttl_seconds: int | None,
              overwrite: bool) -> concurrent.futures.Future[str]: ...
     def load(self, run_id: str, path: str, with_optimizer: bool
              ) -> concurrent.futures.Future[types.LoadWeightsResponse]: ...

@@ -46,6 +46,9 @@ TensorDtype: TypeAlias = Literal["int64", "float32"]
 StopReason: TypeAlias = Literal["length", "stop"]
 LossFnType: TypeAlias = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
 CheckpointType: TypeAlias = Literal["training", "sampler"]
+CheckpointKind: TypeAlias = Literal["weights", "sampler_weights"]
+"""The folder of a checkpoint in its ``tinker://`` path: ``weights`` (training state) or ``sampler_weights``."""
+CHECKPOINT_KINDS: tuple[CheckpointKind, ...] = ("weights", "sampler_weights")
 
 # ---------------------------------------------------------------------------------------------------------
 # Model inputs
@@ -439,6 +442,12 @@ class ParsedCheckpointTinkerPath(LooseBase):
             checkpoint_type="training" if kind == "weights" else "sampler",
             checkpoint_id=f"{kind}/{match['name']}",
         )
+
+
+def format_tinker_path(run_id: str, kind: CheckpointKind, name: str) -> str:
+    """``tinker://<run_id>/<kind>/<name>``: the one builder of checkpoint paths (``ParsedCheckpointTinkerPath``
+    parses them). It checks nothing: whoever reads the path parses it, and the parser names what is wrong."""
+    return f"tinker://{run_id}/{kind}/{name}"
 
 
 class Checkpoint(LooseBase):
