@@ -14,7 +14,8 @@ imports the engine itself. ``create_app`` builds the app (``app.py``: key check,
 ``openai_api`` and ``tinker_api`` hold the routes, ``running`` serves it with uvicorn.
 """
 
-from tinker_cookbook.server.app import ServerLimits, create_app, is_loopback
+from tinker_cookbook.base.hosts import is_loopback
+from tinker_cookbook.server.app import ServerLimits, create_app
 from tinker_cookbook.server.running import BackgroundServer, generate_api_key, serve
 
 __all__ = ["BackgroundServer", "ServerLimits", "create_app", "generate_api_key", "is_loopback", "serve"]

@@ -11,7 +11,8 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from tinker_cookbook.server.app import ServerLimits, create_app, is_loopback
+from tinker_cookbook.base.hosts import is_loopback
+from tinker_cookbook.server.app import ServerLimits, create_app
 from tinker_cookbook.tinker.backend import Backend
 
 DEFAULT_MAX_CONNECTIONS = 256
