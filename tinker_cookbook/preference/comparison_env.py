@@ -91,6 +91,12 @@ def parse_reply(renderer: Renderer, tokens: Sequence[int]) -> tuple[Message, boo
     return {"role": "assistant", "content": text}, bool(text.strip()) and is_stop_sequence_termination(termination)
 
 
+def unjudged_score(valid: bool, other_valid: bool) -> float:
+    """A reply's score in a matchup the judge does not see (one reply or both invalid): an invalid reply loses to
+    a valid one, and two invalid ones tie. Only two valid replies go to the judge."""
+    return 0.5 if valid == other_valid else float(valid)
+
+
 async def play_matchups(preference_model: PreferenceModel, prompt: list[Message], replies: Sequence[Message],
                         valid: Sequence[bool], pairs: Sequence[tuple[int, int]]) -> list[float]:
     """Each reply's win fraction over its matchups (an invalid reply loses to a valid one; two invalid ones tie)."""
@@ -98,7 +104,7 @@ async def play_matchups(preference_model: PreferenceModel, prompt: list[Message]
     async def p_first_wins(i: int, j: int) -> float:
         if valid[i] and valid[j]:
             return await preference_model(Comparison(prompt, [replies[i]], [replies[j]]))
-        return 0.5 if valid[i] == valid[j] else float(valid[i])
+        return unjudged_score(valid[i], valid[j])
 
     outcomes = await asyncio.gather(*(p_first_wins(i, j) for i, j in pairs))
     wins = [0.0] * len(replies)
