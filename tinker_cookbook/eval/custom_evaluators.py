@@ -30,7 +30,6 @@ from tinker_cookbook.completers import MessageCompleter, TinkerMessageCompleter
 from tinker_cookbook.eval.evaluators import SamplingClientEvaluator
 from tinker_cookbook.exceptions import DataFormatError
 from tinker_cookbook.preference.types import LabeledComparison
-from tinker_cookbook.tokenizer_utils import get_tokenizer
 
 if TYPE_CHECKING:
     from tinker_cookbook.preference.preference_datasets import Comparisons
@@ -61,7 +60,7 @@ class CustomEvaluator(SamplingClientEvaluator):
         _check_dataset(dataset, ("input", "output"), parts_ok=("input",))
         self.dataset = list(dataset)
         self.grader_fn = grader_fn
-        self.renderer = renderers.get_renderer(renderer_name, get_tokenizer(model_name), model_name=model_name)
+        self.renderer = renderers.renderer_for(model_name, renderer_name)
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.name = name
@@ -119,7 +118,7 @@ class LLMJudgeEvaluator(SamplingClientEvaluator):
         _check_dataset(dataset, ("input", "output"))
         self.dataset = list(dataset)
         self.grader = grader
-        self.renderer = renderers.get_renderer(renderer_name, get_tokenizer(model_name), model_name=model_name)
+        self.renderer = renderers.renderer_for(model_name, renderer_name)
         self.rubric = rubric
         self.max_tokens = max_tokens
         self.temperature = temperature
@@ -248,11 +247,9 @@ class PreferenceAccuracyEvaluatorBuilder:
     name: str = "preference"
 
     def __call__(self) -> PreferenceAccuracyEvaluator:
-        from tinker_cookbook.preference.preference_model import PreferenceModelBuilder
-
         test = _test_split(self.comparison_builder, "to measure the preference model's accuracy on")
         n = len(test) if self.max_pairs is None else min(self.max_pairs, len(test))
-        renderer = PreferenceModelBuilder(model_name=self.model_name, renderer_name=self.renderer_name).renderer()
+        renderer = renderers.renderer_for(self.model_name, self.renderer_name)  # the preference model's
         return PreferenceAccuracyEvaluator([test.get(i) for i in range(n)], renderer, self.name)
 
 
@@ -335,7 +332,9 @@ class ComparisonEvaluatorBuilder:
     reference_model_path: str
     """The reference policy's sampler checkpoint (in RLHF: the SFT policy)."""
     model_name: str
+    """The policies' base model (tokenizer and renderer)."""
     renderer_name: str | None = None
+    """The policies' renderer (None: the model's recommended one)."""
     max_tokens: int = 32
     temperature: float = 1.0
     samples_per_prompt: int = 2
@@ -349,6 +348,6 @@ class ComparisonEvaluatorBuilder:
         test = _test_split(self.comparison_builder, "of held-out prompts")
         prompts = distinct_prompts(test, self.max_prompts)
         reference = tinker.ServiceClient().create_sampling_client(model_path=self.reference_model_path)
-        renderer = self.preference_model_builder.renderer()
+        renderer = renderers.renderer_for(self.model_name, self.renderer_name)  # the policy's (the judge has its own)
         return ComparisonEvaluator(prompts, reference, self.preference_model_builder(), renderer, self.max_tokens,
                                    self.temperature, self.samples_per_prompt, self.seed, self.name)

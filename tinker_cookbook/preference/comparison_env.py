@@ -233,16 +233,13 @@ class PairwisePreferenceRLDatasetBuilder(RLDatasetBuilder):
             raise ConfigurationError(f"reward_type={self.reward_type!r} must be 'win_fraction' or 'win_minus_loss'")
 
     async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
-        from tinker_cookbook.renderers import get_renderer
-        from tinker_cookbook.supervised.types import resolve_renderer_name
-        from tinker_cookbook.tokenizer_utils import get_tokenizer
+        from tinker_cookbook.renderers import renderer_for
 
         train, _ = self.comparison_builder()
         prompts = distinct_prompts(train, self.max_prompts)
         if len(prompts) < self.batch_size:
             raise ConfigurationError(f"{len(prompts)} distinct prompts make no batch of batch_size={self.batch_size}")
-        renderer = get_renderer(resolve_renderer_name(self.model_name, self.renderer_name),
-                                get_tokenizer(self.model_name), model_name=self.model_name)
+        renderer = renderer_for(self.model_name, self.renderer_name)
         judge = self.preference_model_builder()
 
         def make_group(prompt: list[Message]) -> EnvGroupBuilder:
