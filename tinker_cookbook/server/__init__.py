@@ -11,7 +11,8 @@
 
 The server is an adapter over the API's ``Backend`` interface (``tinker_cookbook.tinker.backend``); it never
 imports the engine itself. ``create_app`` builds the app (``app.py``: key check, body limit, error format),
-``openai_api`` and ``tinker_api`` hold the routes, ``running`` serves it with uvicorn.
+``openai_api`` holds the OpenAI routes, ``tinker_api`` mounts the Tinker protocol's (``tinker_routes``, one module
+per route group), ``running`` serves it with uvicorn.
 """
 
 from tinker_cookbook.base.hosts import is_loopback
