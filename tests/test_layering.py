@@ -2,13 +2,21 @@
 
 - base (``tinker_cookbook.base``, ``.exceptions``, ``.perf_env``, the package ``__init__``): itself only;
 - contract (``tinker_cookbook.tinker``): base and itself, never the engine: its clients talk to the ``Backend``
-  interface, and the backend comes from the wiring module, which the contract imports by name on first use;
+  interface (``tinker_cookbook.tinker.backend``), and the backend comes from the wiring module, which the contract
+  imports by name on first use;
 - engine (``tinker_cookbook.engine``): base, the contract's ``types`` and ``errors``, and itself;
 - wiring (``tinker_cookbook.backends``): picks the backend for a base URL, so it may import the engine, the
-  contract and base; the engine and the contract never import it;
+  contract (its private modules too: the remote backend is one) and base; the engine and the contract never
+  import it;
 - cookbook (everything else in ``tinker_cookbook`` and ``recipes``, including the server): base, the public API,
   the wiring module and itself; never the engine. The server (``tinker_cookbook.server``) is an adapter over the
-  API's ``Backend`` interface that uses the renderers and tokenizers.
+  API's ``Backend`` interface that uses the renderers and tokenizers;
+- bench (``bench/``): measurement scripts, users of the cookbook like any other, so the cookbook's rule holds for
+  them, except that the benches that time the engine's own parts (``ENGINE_BENCHES``) may import the engine.
+  Nothing in the package imports a bench.
+
+Private contract modules (``tinker_cookbook.tinker._*``, and private names of the contract's modules) are imported
+only by the contract itself and the wiring module: everyone else uses the public API.
 
 Every import statement counts, including those inside functions and ``TYPE_CHECKING`` blocks, so that a lazy import
 cannot hide a dependency.
@@ -27,6 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 BASE_MODULES = {"tinker_cookbook", "tinker_cookbook.exceptions", "tinker_cookbook.perf_env"}
 WIRING_MODULES = {"tinker_cookbook.backends"}
 ENGINE_MAY_USE_FROM_CONTRACT = {"tinker_cookbook.tinker.types", "tinker_cookbook.tinker.errors"}
+ENGINE_BENCHES = {"bench.bench_training", "bench.bench_sampling", "bench.bench_sampler_lora", "bench.bench_multi_lora",
+                  "bench.gpu_check"}
+"""The benches that time the engine's parts directly (a model load, a training pass, a decode step)."""
 
 
 def layer_of(module: str) -> str | None:
@@ -41,7 +52,17 @@ def layer_of(module: str) -> str | None:
         return "engine"
     if module.startswith(("tinker_cookbook.", "recipes")) or module == "recipes":
         return "cookbook"
+    if module == "bench" or module.startswith("bench."):
+        return "bench"
     return None  # stdlib or third party
+
+
+def is_private_contract(module: str) -> bool:
+    """A private module of the contract (``tinker_cookbook.tinker._remote``) or a private name of one of its
+    modules (``tinker_cookbook.tinker.backend._registered``)."""
+    parts = module.split(".")
+    return parts[:2] == ["tinker_cookbook", "tinker"] and any(
+        p.startswith("_") and not p.startswith("__") for p in parts[2:])
 
 
 def module_name(path: Path) -> str:
@@ -74,6 +95,13 @@ def violation(importer: str, imported: str) -> str | None:
     src, dst = layer_of(importer), layer_of(imported)
     if dst is None or src is None:
         return None
+    if is_private_contract(imported) and src not in ("contract", "wiring"):
+        return "private modules of the contract are its own and the wiring module's; use the public API"
+    if dst == "bench" and src != "bench":
+        return "bench scripts use the package; nothing in it imports them"
+    if src == "bench" and dst == "engine" and importer not in ENGINE_BENCHES:
+        return ("a bench that is not one of ENGINE_BENCHES measures through the public API; list it there if "
+                "it times the engine's parts")
     if src == "base" and dst != "base":
         return "the base layer imports only itself"
     if src == "contract" and dst in ("engine", "cookbook", "wiring"):
@@ -92,7 +120,7 @@ def violation(importer: str, imported: str) -> str | None:
 
 
 def source_files() -> list[Path]:
-    return sorted([*REPO.glob("tinker_cookbook/**/*.py"), *REPO.glob("recipes/**/*.py")])
+    return sorted([*REPO.glob("tinker_cookbook/**/*.py"), *REPO.glob("recipes/**/*.py"), *REPO.glob("bench/**/*.py")])
 
 
 def find_violations() -> list[str]:
@@ -108,7 +136,9 @@ def find_violations() -> list[str]:
 
 def test_source_files_are_found():
     names = {module_name(p) for p in source_files()}
-    assert {"tinker_cookbook.engine.training.session", "tinker_cookbook.tinker.types", "recipes.sl_basic"} <= names
+    assert {"tinker_cookbook.engine.training.session", "tinker_cookbook.tinker.types", "recipes.sl_basic",
+            "bench.bench_rl"} <= names
+    assert ENGINE_BENCHES <= names, "ENGINE_BENCHES names a bench that no longer exists"
 
 
 def test_imports_follow_the_layering_rule():
@@ -128,7 +158,7 @@ def test_imports_follow_the_layering_rule():
         ("tinker_cookbook.engine.backend", "tinker_cookbook.tinker.training_client", False),
         ("tinker_cookbook.tinker.rest_client", "tinker_cookbook.engine.store.checkpoint_store", False),
         ("tinker_cookbook.tinker.service_client", "tinker_cookbook.engine.backend", False),
-        ("tinker_cookbook.tinker._backend", "tinker_cookbook.backends", False),
+        ("tinker_cookbook.tinker.backend", "tinker_cookbook.backends", False),
         ("tinker_cookbook.backends", "tinker_cookbook.engine.backend", True),
         ("tinker_cookbook.backends", "tinker_cookbook.tinker._remote", True),
         ("tinker_cookbook.backends", "tinker_cookbook.supervised.train", False),
@@ -139,9 +169,26 @@ def test_imports_follow_the_layering_rule():
         ("tinker_cookbook.tinker.types", "tinker_cookbook.renderers", False),
         ("tinker_cookbook.server.openai_api", "tinker_cookbook.engine.backend", False),
         ("tinker_cookbook.server.tinker_api", "tinker_cookbook.engine.sampling.sampler", False),
-        ("tinker_cookbook.server.app", "tinker_cookbook.tinker._backend", True),
+        ("tinker_cookbook.server.app", "tinker_cookbook.tinker.backend", True),
         ("tinker_cookbook.server.openai_api", "tinker_cookbook.renderers", True),
         ("tinker_cookbook.server.openai_api", "tinker_cookbook.tokenizer_utils", True),
+        # private contract modules and names: the contract and the wiring module only
+        ("tinker_cookbook.server.app", "tinker_cookbook.tinker._remote", False),
+        ("tinker_cookbook.server.tinker_api", "tinker_cookbook.tinker.backend._registered", False),
+        ("recipes.sl_basic", "tinker_cookbook.tinker._remote.RemoteBackend", False),
+        ("bench.bench_server", "tinker_cookbook.tinker._remote", False),
+        ("tinker_cookbook.tinker.service_client", "tinker_cookbook.tinker._remote", True),
+        ("tinker_cookbook.server.app", "tinker_cookbook.tinker.__version__", True),
+        # bench: a cookbook-level user; the engine benches may time the engine
+        ("bench.bench_training", "tinker_cookbook.engine.training", True),
+        ("bench.gpu_check", "tinker_cookbook.engine.models", True),
+        ("bench.bench_rl", "tinker_cookbook.engine.backend", False),
+        ("bench.bench_server", "tinker_cookbook.engine.sampling.sampler", False),
+        ("bench.bench_server", "tinker_cookbook.tinker.types", True),
+        ("bench.bench_server", "tinker_cookbook.renderers", True),
+        ("bench.bench_rl", "tinker_cookbook.backends", True),
+        ("tinker_cookbook.engine.backend", "bench.bench_training", False),
+        ("recipes.sl_basic", "bench.bench_rl", False),
     ],
 )
 def test_the_rule_itself(importer, imported, allowed):
@@ -160,12 +207,12 @@ def test_importing_the_api_loads_no_engine():
 
 
 def test_the_contract_names_the_wiring_module_it_loads():
-    """The one dynamic import of the contract (``_backend.PROVIDER_MODULE``) is the wiring module, and that module
+    """The one dynamic import of the contract (``backend.PROVIDER_MODULE``) is the wiring module, and that module
     registers the factories: creating a client needs nothing else."""
-    from tinker_cookbook.tinker import _backend
+    from tinker_cookbook.tinker import backend
 
-    assert _backend.PROVIDER_MODULE in WIRING_MODULES
-    code = ("from tinker_cookbook.tinker import _backend; _backend._registered(); "
-            "print(_backend._factories is not None)")
+    assert backend.PROVIDER_MODULE in WIRING_MODULES
+    code = ("from tinker_cookbook.tinker import backend; backend._registered(); "
+            "print(backend._factories is not None)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert result.stdout.strip() == "True"

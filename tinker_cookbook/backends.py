@@ -11,10 +11,15 @@ deferred to the first client, so ``from tinker_cookbook import tinker`` stays fr
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from tinker_cookbook.tinker._backend import Backend, CheckpointStoreAPI, register_backend_factories
+from tinker_cookbook.tinker.backend import Backend, CheckpointStoreAPI, register_backend_factories
 from tinker_cookbook.tinker.errors import BadRequestError
+
+if TYPE_CHECKING:
+    from tinker_cookbook.engine.backend import SamplerHandle as LocalSamplerHandle
+    from tinker_cookbook.tinker._remote import RemoteSamplerHandle
 
 LOCAL_BASE_URLS = (None, "", "local")
 
@@ -24,7 +29,7 @@ def is_local(base_url: str | None) -> bool:
     return base_url in LOCAL_BASE_URLS
 
 
-def local_backend() -> Backend:
+def local_backend() -> Backend[LocalSamplerHandle]:
     """The process-wide in-process engine (base models are loaded once and shared)."""
     from tinker_cookbook.engine.backend import LocalBackend
 
@@ -42,13 +47,17 @@ def check_server_url(base_url: object) -> str:
     return str(base_url)
 
 
-def backend_for(base_url: str | None, api_key: str | None = None) -> Backend:
-    if is_local(base_url):
-        return local_backend()
-    url = check_server_url(base_url)
+def remote_backend(base_url: str, api_key: str | None = None) -> Backend[RemoteSamplerHandle]:
+    """A backend that sends every request to the Tinker-protocol server at ``base_url``."""
     from tinker_cookbook.tinker._remote import RemoteBackend
 
-    return RemoteBackend(url, api_key)
+    return RemoteBackend(base_url, api_key)
+
+
+def backend_for(base_url: str | None, api_key: str | None = None) -> Backend[Any]:
+    if is_local(base_url):
+        return local_backend()
+    return remote_backend(check_server_url(base_url), api_key)
 
 
 def store_for(base_url: str | None, api_key: str | None = None) -> CheckpointStoreAPI:

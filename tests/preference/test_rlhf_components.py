@@ -167,6 +167,22 @@ def test_win_rate_of_a_policy_against_itself_is_one_half(renderer, tiny_client):
     assert metrics["win_rate/stderr"] == 0.0
 
 
+def test_win_rate_builder_renders_the_policies_with_their_own_renderer():
+    """The judge may read another format than the policies write: the policies' prompts use the policies'
+    renderer (``model_name``/``renderer_name``), the judge keeps its own."""
+    from tinker_cookbook.eval.custom_evaluators import ComparisonEvaluatorBuilder
+    from tinker_cookbook.renderers import ChatMLRenderer, RoleColonRenderer
+
+    training = tinker.ServiceClient().create_lora_training_client(TINY_MODEL, rank=4, seed=0)
+    path = training.save_weights_for_sampler("win-rate-reference").result().path
+    judge = PreferenceModelBuilder(model_name=TINY_MODEL, renderer_name="role_colon", model_path=path)
+    evaluator = ComparisonEvaluatorBuilder(
+        comparison_builder=RLHFExampleComparisonBuilder(), preference_model_builder=judge, reference_model_path=path,
+        model_name=TINY_MODEL, renderer_name="chatml", max_prompts=2)()
+    assert isinstance(evaluator.renderer, ChatMLRenderer)
+    assert isinstance(evaluator.preference_model.renderer, RoleColonRenderer)
+
+
 # -- data ------------------------------------------------------------------------------------------------------
 
 

@@ -21,7 +21,7 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import chz
 
@@ -30,7 +30,9 @@ from tinker_cookbook.completers import MessageCompleter, TinkerMessageCompleter
 from tinker_cookbook.eval.evaluators import SamplingClientEvaluator
 from tinker_cookbook.exceptions import DataFormatError
 from tinker_cookbook.preference.types import LabeledComparison
-from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+if TYPE_CHECKING:
+    from tinker_cookbook.preference.preference_datasets import Comparisons
 
 
 def _check_dataset(dataset: Sequence[dict[str, Any]], keys: tuple[str, ...], parts_ok: tuple[str, ...] = ()) -> None:
@@ -58,7 +60,7 @@ class CustomEvaluator(SamplingClientEvaluator):
         _check_dataset(dataset, ("input", "output"), parts_ok=("input",))
         self.dataset = list(dataset)
         self.grader_fn = grader_fn
-        self.renderer = renderers.get_renderer(renderer_name, get_tokenizer(model_name), model_name=model_name)
+        self.renderer = renderers.renderer_for(model_name, renderer_name)
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.name = name
@@ -116,7 +118,7 @@ class LLMJudgeEvaluator(SamplingClientEvaluator):
         _check_dataset(dataset, ("input", "output"))
         self.dataset = list(dataset)
         self.grader = grader
-        self.renderer = renderers.get_renderer(renderer_name, get_tokenizer(model_name), model_name=model_name)
+        self.renderer = renderers.renderer_for(model_name, renderer_name)
         self.rubric = rubric
         self.max_tokens = max_tokens
         self.temperature = temperature
@@ -197,6 +199,14 @@ class LLMJudgeEvaluatorBuilder:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _test_split(comparison_builder: Any, purpose: str) -> Comparisons:
+    """The test split of a ``preference_datasets.ComparisonDatasetBuilder``; ``purpose`` ends the error message."""
+    _, test = comparison_builder()
+    if test is None:
+        raise DataFormatError(f"{type(comparison_builder).__name__} has no test split {purpose}")
+    return test
+
+
 class PreferenceAccuracyEvaluator(SamplingClientEvaluator):
     """Held-out accuracy of a pairwise preference model while it trains: the evaluated weights are the judge.
 
@@ -237,14 +247,9 @@ class PreferenceAccuracyEvaluatorBuilder:
     name: str = "preference"
 
     def __call__(self) -> PreferenceAccuracyEvaluator:
-        from tinker_cookbook.preference.preference_model import PreferenceModelBuilder
-
-        _, test = self.comparison_builder()
-        if test is None:
-            raise DataFormatError(f"{type(self.comparison_builder).__name__} has no test split to measure "
-                                  "the preference model's accuracy on")
+        test = _test_split(self.comparison_builder, "to measure the preference model's accuracy on")
         n = len(test) if self.max_pairs is None else min(self.max_pairs, len(test))
-        renderer = PreferenceModelBuilder(model_name=self.model_name, renderer_name=self.renderer_name).renderer()
+        renderer = renderers.renderer_for(self.model_name, self.renderer_name)  # the preference model's
         return PreferenceAccuracyEvaluator([test.get(i) for i in range(n)], renderer, self.name)
 
 
@@ -290,6 +295,7 @@ class ComparisonEvaluator(SamplingClientEvaluator):
         return [reply for replies in per_prompt for reply in replies]
 
     async def __call__(self, sampling_client: tinker.SamplingClient) -> dict[str, float]:
+        from tinker_cookbook.preference.comparison_env import unjudged_score
         from tinker_cookbook.preference.preference_model import judge_both_orders
         from tinker_cookbook.preference.types import Comparison
 
@@ -301,8 +307,7 @@ class ComparisonEvaluator(SamplingClientEvaluator):
                   if ok and ref_ok]
         verdicts = await judge_both_orders(self.preference_model, [
             Comparison(prompts[i], [policy[i][0]], [self._reference[i][0]]) for i in judged])
-        wins = [0.5 if ok == ref_ok else float(ok) for (_, ok), (_, ref_ok) in zip(policy, self._reference,
-                                                                                      strict=True)]
+        wins = [unjudged_score(ok, ref_ok) for (_, ok), (_, ref_ok) in zip(policy, self._reference, strict=True)]
         probs = list(wins)
         for k, i in enumerate(judged):
             wins[i] = verdicts.decided(k)
@@ -327,7 +332,9 @@ class ComparisonEvaluatorBuilder:
     reference_model_path: str
     """The reference policy's sampler checkpoint (in RLHF: the SFT policy)."""
     model_name: str
+    """The policies' base model (tokenizer and renderer)."""
     renderer_name: str | None = None
+    """The policies' renderer (None: the model's recommended one)."""
     max_tokens: int = 32
     temperature: float = 1.0
     samples_per_prompt: int = 2
@@ -338,11 +345,9 @@ class ComparisonEvaluatorBuilder:
     def __call__(self) -> ComparisonEvaluator:
         from tinker_cookbook.preference.comparison_env import distinct_prompts
 
-        _, test = self.comparison_builder()
-        if test is None:
-            raise DataFormatError(f"{type(self.comparison_builder).__name__} has no test split of held-out prompts")
+        test = _test_split(self.comparison_builder, "of held-out prompts")
         prompts = distinct_prompts(test, self.max_prompts)
         reference = tinker.ServiceClient().create_sampling_client(model_path=self.reference_model_path)
-        renderer = self.preference_model_builder.renderer()
+        renderer = renderers.renderer_for(self.model_name, self.renderer_name)  # the policy's (the judge has its own)
         return ComparisonEvaluator(prompts, reference, self.preference_model_builder(), renderer, self.max_tokens,
                                    self.temperature, self.samples_per_prompt, self.seed, self.name)

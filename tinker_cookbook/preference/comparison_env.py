@@ -91,6 +91,12 @@ def parse_reply(renderer: Renderer, tokens: Sequence[int]) -> tuple[Message, boo
     return {"role": "assistant", "content": text}, bool(text.strip()) and is_stop_sequence_termination(termination)
 
 
+def unjudged_score(valid: bool, other_valid: bool) -> float:
+    """A reply's score in a matchup the judge does not see (one reply or both invalid): an invalid reply loses to
+    a valid one, and two invalid ones tie. Only two valid replies go to the judge."""
+    return 0.5 if valid == other_valid else float(valid)
+
+
 async def play_matchups(preference_model: PreferenceModel, prompt: list[Message], replies: Sequence[Message],
                         valid: Sequence[bool], pairs: Sequence[tuple[int, int]]) -> list[float]:
     """Each reply's win fraction over its matchups (an invalid reply loses to a valid one; two invalid ones tie)."""
@@ -98,7 +104,7 @@ async def play_matchups(preference_model: PreferenceModel, prompt: list[Message]
     async def p_first_wins(i: int, j: int) -> float:
         if valid[i] and valid[j]:
             return await preference_model(Comparison(prompt, [replies[i]], [replies[j]]))
-        return 0.5 if valid[i] == valid[j] else float(valid[i])
+        return unjudged_score(valid[i], valid[j])
 
     outcomes = await asyncio.gather(*(p_first_wins(i, j) for i, j in pairs))
     wins = [0.0] * len(replies)
@@ -227,16 +233,13 @@ class PairwisePreferenceRLDatasetBuilder(RLDatasetBuilder):
             raise ConfigurationError(f"reward_type={self.reward_type!r} must be 'win_fraction' or 'win_minus_loss'")
 
     async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
-        from tinker_cookbook.renderers import get_renderer
-        from tinker_cookbook.supervised.types import resolve_renderer_name
-        from tinker_cookbook.tokenizer_utils import get_tokenizer
+        from tinker_cookbook.renderers import renderer_for
 
         train, _ = self.comparison_builder()
         prompts = distinct_prompts(train, self.max_prompts)
         if len(prompts) < self.batch_size:
             raise ConfigurationError(f"{len(prompts)} distinct prompts make no batch of batch_size={self.batch_size}")
-        renderer = get_renderer(resolve_renderer_name(self.model_name, self.renderer_name),
-                                get_tokenizer(self.model_name), model_name=self.model_name)
+        renderer = renderer_for(self.model_name, self.renderer_name)
         judge = self.preference_model_builder()
 
         def make_group(prompt: list[Message]) -> EnvGroupBuilder:

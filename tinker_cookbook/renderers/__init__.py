@@ -148,6 +148,16 @@ def get_renderer(
     return renderer
 
 
+def renderer_for(model_name: str, renderer_name: str | None = None) -> Renderer:
+    """The renderer ``renderer_name`` (None: the one recommended for ``model_name``) on ``model_name``'s tokenizer,
+    as a config that names a model and optionally a renderer means it."""
+    from tinker_cookbook.model_info import get_recommended_renderer_name
+    from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+    name = renderer_name if renderer_name is not None else get_recommended_renderer_name(model_name)
+    return get_renderer(name, get_tokenizer(model_name), model_name=model_name)
+
+
 __all__ = [
     "BUILTIN_RENDERERS",
     "ChatMLRenderer",
@@ -191,5 +201,6 @@ __all__ = [
     "is_renderer_registered",
     "register_renderer",
     "remove_thinking",
+    "renderer_for",
     "unregister_renderer",
 ]

@@ -9,12 +9,14 @@
     client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="-")
     client.chat.completions.create(model="tinker://RUN/sampler_weights/final", messages=[...])
 
-The server is an adapter over the API's ``Backend`` interface (``tinker_cookbook.tinker._backend``); it never
+The server is an adapter over the API's ``Backend`` interface (``tinker_cookbook.tinker.backend``); it never
 imports the engine itself. ``create_app`` builds the app (``app.py``: key check, body limit, error format),
-``openai_api`` and ``tinker_api`` hold the routes, ``running`` serves it with uvicorn.
+``openai_api`` holds the OpenAI routes, ``tinker_api`` mounts the Tinker protocol's (``tinker_routes``, one module
+per route group), ``running`` serves it with uvicorn.
 """
 
-from tinker_cookbook.server.app import ServerLimits, create_app, is_loopback
+from tinker_cookbook.base.hosts import is_loopback
+from tinker_cookbook.server.app import ServerLimits, create_app
 from tinker_cookbook.server.running import BackgroundServer, generate_api_key, serve
 
 __all__ = ["BackgroundServer", "ServerLimits", "create_app", "generate_api_key", "is_loopback", "serve"]

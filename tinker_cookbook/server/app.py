@@ -15,7 +15,6 @@ it with uvicorn (the ``tinker-cookbook serve`` command). Security defaults:
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
@@ -27,9 +26,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tinker_cookbook.base.hosts import is_loopback
 from tinker_cookbook.exceptions import ConfigurationError
 from tinker_cookbook.tinker import errors
-from tinker_cookbook.tinker._backend import Backend
+from tinker_cookbook.tinker.backend import Backend
 
 logger = logging.getLogger(__name__)
 
@@ -60,16 +60,6 @@ class ServerLimits:
 # ---------------------------------------------------------------------------------------------------------
 # Bind address and key
 # ---------------------------------------------------------------------------------------------------------
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` binds only the loopback interface (``localhost``, 127.0.0.0/8, ``::1``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name other than localhost may resolve to any interface
 
 
 def check_bind(host: str, api_key: str | None) -> None:
@@ -225,7 +215,7 @@ class _BodyLimit:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def create_app(backend: Backend, *, api_key: str | None = None, host: str = "127.0.0.1",
+def create_app(backend: Backend[Any], *, api_key: str | None = None, host: str = "127.0.0.1",
                limits: ServerLimits | None = None, preload: Sequence[str] = ()) -> FastAPI:
     """The server's app for ``backend``; raises ConfigurationError for a non-loopback ``host`` without a key.
 

@@ -41,7 +41,7 @@ from tinker_cookbook.exceptions import ConfigurationError, RendererError
 from tinker_cookbook.renderers.stops import cut_at_stop_strings, merge_stop_sequences
 from tinker_cookbook.server.app import ServerLimits, describe_validation_errors, error_response
 from tinker_cookbook.tinker import SamplingClient, types
-from tinker_cookbook.tinker._backend import Backend
+from tinker_cookbook.tinker.backend import Backend, SamplerHandle
 from tinker_cookbook.tinker.errors import BadRequestError, NotFoundError, TinkerError
 
 TINKER_PATH_PREFIX = "tinker://"
@@ -172,7 +172,7 @@ class ServedModel:
     """A model the server samples from, with its tokenizer and the renderers built for it so far."""
 
     name: str
-    handle: Any
+    handle: SamplerHandle
     tokenizer: Any
     base_model: str
     stored_renderer: str | None
@@ -199,7 +199,7 @@ class ServedModel:
 class ModelRegistry:
     """Resolves a request's ``model`` to a loaded model; loads each at most once (checkpoints: a small LRU)."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend[Any]) -> None:
         self.backend = backend
         self._base: dict[str, ServedModel] = {}
         self._checkpoints: OrderedDict[str, ServedModel] = OrderedDict()
@@ -253,7 +253,7 @@ class ModelRegistry:
         self._base[name] = served
         return served
 
-    def _served(self, name: str, handle: Any, stored_renderer: str | None) -> ServedModel:
+    def _served(self, name: str, handle: SamplerHandle, stored_renderer: str | None) -> ServedModel:
         client = SamplingClient(self.backend, handle)  # the public accessors of the opaque handle
         return ServedModel(name=name, handle=handle, tokenizer=client.get_tokenizer(),
                            base_model=client.get_base_model(), stored_renderer=stored_renderer)
@@ -273,7 +273,7 @@ class ModelRegistry:
 # ---------------------------------------------------------------------------------------------------------
 
 
-async def _sample(backend: Backend, served: ServedModel, prompt: types.ModelInput, n: int,
+async def _sample(backend: Backend[Any], served: ServedModel, prompt: types.ModelInput, n: int,
                   params: types.SamplingParams) -> types.SampleResponse:
     future = backend.sample(served.handle, prompt, n, params, False, 0)  # validation errors raise here
     # If the client goes away, cancelling this await cancels the request; the sampler skips cancelled futures.
@@ -383,7 +383,7 @@ def _completion_logprobs(choice: _Choice, tokenizer: Any) -> dict[str, Any]:
             "text_offset": offsets}
 
 
-async def completions(request: Request, backend: Backend, registry: ModelRegistry,
+async def completions(request: Request, backend: Backend[Any], registry: ModelRegistry,
                       limits: ServerLimits) -> Any:
     req: CompletionRequest = _parse(CompletionRequest, await request.body())
     _check_completion(req)
@@ -482,7 +482,7 @@ def _chat_logprobs(choice: _Choice, tokenizer: Any) -> dict[str, Any]:
                         for piece, lp in zip(pieces, choice.logprobs, strict=False)]}
 
 
-async def chat_completions(request: Request, backend: Backend, registry: ModelRegistry,
+async def chat_completions(request: Request, backend: Backend[Any], registry: ModelRegistry,
                            limits: ServerLimits) -> Any:
     req: ChatRequest = _parse(ChatRequest, await request.body())
     _check_chat(req)
@@ -544,7 +544,7 @@ def _model_card(name: str) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": 0, "owned_by": OWNER}
 
 
-def build_router(backend: Backend, limits: ServerLimits | None = None,
+def build_router(backend: Backend[Any], limits: ServerLimits | None = None,
                  registry: ModelRegistry | None = None) -> APIRouter:
     """The OpenAI-compatible routes over ``backend`` (``registry``: the loaded models, to share or preload)."""
     limits = limits or ServerLimits()

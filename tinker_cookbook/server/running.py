@@ -11,8 +11,9 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from tinker_cookbook.server.app import ServerLimits, create_app, is_loopback
-from tinker_cookbook.tinker._backend import Backend
+from tinker_cookbook.base.hosts import is_loopback
+from tinker_cookbook.server.app import ServerLimits, create_app
+from tinker_cookbook.tinker.backend import Backend
 
 DEFAULT_MAX_CONNECTIONS = 256
 """Open connections beyond this get 503 from uvicorn instead of piling up in memory."""
@@ -69,7 +70,7 @@ def banner(host: str, port: int, models: Sequence[str], loaded: Sequence[str], a
     return "\n".join(lines)
 
 
-def serve(backend: Backend, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+def serve(backend: Backend[Any], *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           key_generated: bool = False, limits: ServerLimits | None = None, preload: Sequence[str] = (),
           access_log: bool = False, max_connections: int = DEFAULT_MAX_CONNECTIONS,
           announce: Callable[[str], None] | None = None) -> None:

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from fastapi.responses import JSONResponse, Response
 
 from tinker_cookbook.tinker import errors
-from tinker_cookbook.tinker._backend import Backend
+from tinker_cookbook.tinker.backend import Backend, SamplerHandle
 
 T = TypeVar("T")
 
@@ -51,7 +51,7 @@ class _Session:
 
 @dataclass
 class _Sampler:
-    handle: Any
+    handle: SamplerHandle
     base_model: str
     model_path: str | None
     session_id: str
@@ -67,7 +67,7 @@ class _Pending:
 class State:
     """What the protocol needs to remember between requests; the backend holds everything else."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend[Any]) -> None:
         self.backend = backend
         self.lock = threading.Lock()
         self.sessions: dict[str, _Session] = {}
@@ -118,6 +118,22 @@ class State:
 
     # -- ids -----------------------------------------------------------------------------------------------
 
+    def register_model(self, session_id: str, model_id: str, run_id: str) -> None:
+        """Hand out ``model_id`` for the backend's ``run_id``, as a training client of the session."""
+        with self.lock:
+            session = self.sessions.get(session_id)
+            if session is None:  # the session ended while the model was being created: free it again
+                self.backend.close_session(run_id)
+                raise SessionGone(f"session_id={session_id!r} ended while its training client was being created")
+            self.models[model_id] = run_id
+            self.model_sessions[model_id] = session_id
+            session.model_ids.append(model_id)
+
+    def session_of_model(self, model_id: str) -> str:
+        """The session a training client belongs to ("" once the session is gone)."""
+        with self.lock:
+            return self.model_sessions.get(model_id, "")
+
     def run_id(self, model_id: str) -> str:
         with self.lock:
             run_id = self.models.get(model_id)
@@ -144,7 +160,7 @@ class State:
                 "sampling client")
         return found
 
-    def add_sampler(self, handle: Any, session_id: str) -> str:
+    def add_sampler(self, handle: SamplerHandle, session_id: str) -> str:
         sampler_id = f"sampler-{secrets.token_hex(8)}"
         with self.lock:
             session = self.sessions.get(session_id)

@@ -12,7 +12,6 @@ request keeps the class the server named in its message (``NotFoundError: ...``)
 from __future__ import annotations
 
 import concurrent.futures
-import ipaddress
 import os
 import re
 import threading
@@ -22,8 +21,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
+from tinker_cookbook.base.hosts import is_loopback
 from tinker_cookbook.tinker import errors, types
-from tinker_cookbook.tinker._backend import CheckpointKind, CustomLossFn
+from tinker_cookbook.tinker.backend import CustomLossFn
 from tinker_cookbook.tinker.futures import then
 
 T = TypeVar("T")
@@ -51,20 +51,10 @@ def import_sdk() -> Any:
     return sdk
 
 
-def is_loopback(base_url: str) -> bool:
-    host = urlparse(base_url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def resolve_api_key(base_url: str, api_key: str | None) -> str | None:
     """The key to send: the given one, else $TINKER_API_KEY, else (loopback only) a placeholder."""
     key = api_key or os.environ.get("TINKER_API_KEY")
-    if key is None and is_loopback(base_url):
+    if key is None and is_loopback(urlparse(base_url).hostname or ""):
         return LOOPBACK_API_KEY
     return key
 
@@ -362,7 +352,7 @@ class RemoteBackend:
         return adapt(_sdk_future(call(lambda: client.optim_step(params))),
                      lambda r: types.OptimStepResponse(metrics=r.metrics))
 
-    def save(self, run_id: str, kind: CheckpointKind, name: str, ttl_seconds: int | None,
+    def save(self, run_id: str, kind: types.CheckpointKind, name: str, ttl_seconds: int | None,
              overwrite: bool = False) -> concurrent.futures.Future[str]:
         client = self._client(run_id)
         if kind == "weights":

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 from tinker_cookbook.tinker import errors, types
-from tinker_cookbook.tinker._backend import CheckpointStoreAPI, resolve_store
+from tinker_cookbook.tinker.backend import CheckpointStoreAPI, resolve_store
 from tinker_cookbook.tinker.futures import APIFuture
 
 T = TypeVar("T")
@@ -41,15 +41,18 @@ def _check_scope(access_scope: str) -> None:
 
 def _checkpoint_path(training_run_id: str, checkpoint_id: str) -> str:
     """``tinker://<run>/<checkpoint_id>`` where checkpoint_id is ``weights/<name>`` or ``sampler_weights/<name>``."""
-    path = f"tinker://{training_run_id}/{checkpoint_id}"
-    try:
-        types.ParsedCheckpointTinkerPath.from_tinker_path(path)
-    except ValueError:
-        raise errors.BadRequestError(
-            f"training_run_id={training_run_id!r}, checkpoint_id={checkpoint_id!r} do not name a checkpoint; "
-            "checkpoint_id is 'weights/<name>' or 'sampler_weights/<name>' as listed by list_checkpoints"
-        ) from None
-    return path
+    kind, _, name = str(checkpoint_id).partition("/")  # a caller may pass anything; it gets the error below
+    if kind in types.CHECKPOINT_KINDS:
+        path = types.format_tinker_path(training_run_id, kind, name)
+        try:
+            types.ParsedCheckpointTinkerPath.from_tinker_path(path)
+            return path
+        except ValueError:
+            pass
+    raise errors.BadRequestError(
+        f"training_run_id={training_run_id!r}, checkpoint_id={checkpoint_id!r} do not name a checkpoint; "
+        "checkpoint_id is 'weights/<name>' or 'sampler_weights/<name>' as listed by list_checkpoints"
+    )
 
 
 def _parse_tinker_path(tinker_path: Any) -> types.ParsedCheckpointTinkerPath:

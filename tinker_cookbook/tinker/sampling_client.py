@@ -9,11 +9,11 @@ from tinker_cookbook.tinker.errors import BadRequestError
 from tinker_cookbook.tinker.futures import APIFuture
 
 if TYPE_CHECKING:
-    from tinker_cookbook.tinker._backend import Backend
+    from tinker_cookbook.tinker.backend import Backend, SamplerHandle
 
 
 class SamplingClient:
-    def __init__(self, backend: Backend, handle: Any) -> None:
+    def __init__(self, backend: Backend[Any], handle: SamplerHandle) -> None:
         self._backend = backend
         self._handle = handle
 

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tinker_cookbook.tinker import types
-from tinker_cookbook.tinker._backend import Backend, resolve_backend
+from tinker_cookbook.tinker.backend import Backend, resolve_backend
 from tinker_cookbook.tinker.errors import BadRequestError
 from tinker_cookbook.tinker.futures import APIFuture
 from tinker_cookbook.tinker.rest_client import RestClient
@@ -31,7 +31,7 @@ class ServiceClient:
 
     def __init__(self, user_metadata: dict[str, str] | None = None, project_id: str | None = None,
                  base_url: str | None = None, api_key: str | None = None, **kwargs: Any) -> None:
-        self._backend: Backend = resolve_backend(base_url, api_key)
+        self._backend: Backend[Any] = resolve_backend(base_url, api_key)
         self.base_url = base_url
         self.user_metadata = user_metadata
 

@@ -19,12 +19,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
 from tinker_cookbook.tinker import types
-from tinker_cookbook.tinker._backend import CustomLossFn
+from tinker_cookbook.tinker.backend import CustomLossFn
 from tinker_cookbook.tinker.errors import BadRequestError
 from tinker_cookbook.tinker.futures import APIFuture
 
 if TYPE_CHECKING:
-    from tinker_cookbook.tinker._backend import Backend
+    from tinker_cookbook.tinker.backend import Backend
     from tinker_cookbook.tinker.sampling_client import SamplingClient
 
 __all__ = ["CustomLossFn", "TrainingClient"]
@@ -46,7 +46,7 @@ def _check_loss_type_input(loss_type_input: Any) -> None:
 
 
 class TrainingClient:
-    def __init__(self, backend: Backend, model_id: str, base_model: str, lora_config: types.LoraConfig) -> None:
+    def __init__(self, backend: Backend[Any], model_id: str, base_model: str, lora_config: types.LoraConfig) -> None:
         self._backend = backend
         self.model_id = model_id
         self._base_model = base_model

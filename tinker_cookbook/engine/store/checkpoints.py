@@ -104,7 +104,7 @@ class CheckpointIndex:
             for entry in os.scandir(kind_dir):
                 if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
                     continue
-                subject = types.tinker_path(run_dir.name, kind, entry.name)
+                subject = types.format_tinker_path(run_dir.name, kind, entry.name)
                 try:
                     record = self.load(run_dir, kind, entry.name, subject)
                 except paths.UnsafeStoreEntryError:

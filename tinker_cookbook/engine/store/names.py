@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeAlias
+from typing import Any
 
 from tinker_cookbook.tinker import errors, types
 
-CheckpointKind: TypeAlias = Literal["weights", "sampler_weights"]
-KINDS: tuple[CheckpointKind, ...] = ("weights", "sampler_weights")
+CheckpointKind = types.CheckpointKind
+KINDS = types.CHECKPOINT_KINDS
 KIND_TO_TYPE: dict[str, types.CheckpointType] = {"weights": "training", "sampler_weights": "sampler"}
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 _MAX_NAME_LEN = 128

@@ -74,7 +74,7 @@ def checkpoint_from_record(run_id: str, kind: CheckpointKind, name: str, record:
         checkpoint_id=f"{kind}/{name}",
         checkpoint_type=KIND_TO_TYPE[kind],
         time=datetime.fromisoformat(record["time"]),
-        tinker_path=types.tinker_path(run_id, kind, name),
+        tinker_path=types.format_tinker_path(run_id, kind, name),
         size_bytes=record.get("size_bytes"),
         public=bool(record.get("public", False)),
         expires_at=datetime.fromisoformat(expires) if expires else None,

@@ -49,7 +49,7 @@ class CheckpointWriter:
         except (TypeError, ValueError) as e:
             raise TypeError(f"checkpoint metadata must be JSON-serializable, got {metadata!r}: {e}") from None
         expires_at = records.expires_at(ttl_seconds)
-        tinker_path = types.tinker_path(run_id, kind, name)
+        tinker_path = types.format_tinker_path(run_id, kind, name)
         run_dir = self.index.runs.run_dir(run_id, tinker_path)
         # Check every path this save touches before the engine spends time writing.
         target = self.layout.checkpoint_dir(run_dir, kind, name, tinker_path)

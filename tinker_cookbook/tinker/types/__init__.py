@@ -46,6 +46,9 @@ TensorDtype: TypeAlias = Literal["int64", "float32"]
 StopReason: TypeAlias = Literal["length", "stop"]
 LossFnType: TypeAlias = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
 CheckpointType: TypeAlias = Literal["training", "sampler"]
+CheckpointKind: TypeAlias = Literal["weights", "sampler_weights"]
+"""The folder of a checkpoint in its ``tinker://`` path: ``weights`` (training state) or ``sampler_weights``."""
+CHECKPOINT_KINDS: tuple[CheckpointKind, ...] = ("weights", "sampler_weights")
 
 # ---------------------------------------------------------------------------------------------------------
 # Model inputs
@@ -405,12 +408,6 @@ _TINKER_PATH = re.compile(r"tinker://(?P<run>[A-Za-z0-9_.-]+)(?::train:(?P<clien
                           r"/(?P<kind>weights|sampler_weights)/(?P<name>[A-Za-z0-9_.-]+)")
 
 
-def tinker_path(training_run_id: str, kind: str, name: str) -> str:
-    """``tinker://<run_id>/<kind>/<name>`` (``kind``: ``weights`` or ``sampler_weights``): the one builder of
-    checkpoint paths, the inverse of ``ParsedCheckpointTinkerPath.from_tinker_path``."""
-    return f"tinker://{training_run_id}/{kind}/{name}"
-
-
 class ParsedCheckpointTinkerPath(LooseBase):
     """A parsed ``tinker://<run_id>/(weights|sampler_weights)/<name>`` path: the one parser of checkpoint paths.
 
@@ -445,6 +442,12 @@ class ParsedCheckpointTinkerPath(LooseBase):
             checkpoint_type="training" if kind == "weights" else "sampler",
             checkpoint_id=f"{kind}/{match['name']}",
         )
+
+
+def format_tinker_path(run_id: str, kind: CheckpointKind, name: str) -> str:
+    """``tinker://<run_id>/<kind>/<name>``: the one builder of checkpoint paths (``ParsedCheckpointTinkerPath``
+    parses them). It checks nothing: whoever reads the path parses it, and the parser names what is wrong."""
+    return f"tinker://{run_id}/{kind}/{name}"
 
 
 class Checkpoint(LooseBase):

@@ -9,11 +9,16 @@ never a closure over engine objects, so the same interface has three implementat
 - the remote client (``tinker_cookbook.tinker._remote``), which sends them to a Tinker-protocol server through the
   official ``tinker`` SDK.
 
+This module is public: it is what a backend implements and what the server adapts; ``tinker_cookbook.backends``
+chooses the backend for a base URL.
+
 ``tinker/`` never imports the engine: ``ServiceClient(base_url=...)`` asks :func:`resolve_backend`, whose factory
 is registered by ``tinker_cookbook.backends`` (the one module that knows both the engine and the remote client).
 
 Training requests of one model id run in submission order. Sampler handles are opaque to the clients except for
-the three attributes of :class:`SamplerHandle`.
+the three attributes of :class:`SamplerHandle`; each backend has its own handle type (``Backend[H]``) and samples only
+the handles it made. Code that gets its backend at run time (the clients, the server) holds a ``Backend[Any]`` and
+passes a handle back only to the backend it came from.
 """
 
 from __future__ import annotations
@@ -23,14 +28,15 @@ import importlib
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tinker_cookbook.tinker import types
 
 if TYPE_CHECKING:
     import torch
 
-CheckpointKind = Literal["weights", "sampler_weights"]
+    from tinker_cookbook.base.tokenizers import Tokenizer
+
 CustomLossFn = Callable[[list[types.Datum], list["torch.Tensor"]], tuple["torch.Tensor", dict[str, float]]]
 
 
@@ -57,15 +63,19 @@ class SamplerHandle(Protocol):
     @property
     def model_path(self) -> str | None: ...
     @property
-    def tokenizer(self) -> Any: ...
+    def tokenizer(self) -> Tokenizer: ...
 
 
-class Backend(Protocol):
+H = TypeVar("H", bound=SamplerHandle)
+"""A backend's own sampler handle type."""
+
+
+class Backend(Protocol[H]):
     """Training sessions, sampling and checkpoints, as plain requests."""
 
     # -- service -----------------------------------------------------------------------------------------
     @property
-    def store(self) -> Any: ...
+    def store(self) -> CheckpointStoreAPI: ...
     def capabilities(self) -> types.GetServerCapabilitiesResponse: ...
     def model_data(self, base_model: str) -> types.ModelData: ...
 
@@ -80,25 +90,25 @@ class Backend(Protocol):
                                 ) -> concurrent.futures.Future[types.ForwardBackwardOutput]: ...
     def optim_step(self, run_id: str, adam_params: types.AdamParams
                    ) -> concurrent.futures.Future[types.OptimStepResponse]: ...
-    def save(self, run_id: str, kind: CheckpointKind, name: str, ttl_seconds: int | None,
+    def save(self, run_id: str, kind: types.CheckpointKind, name: str, ttl_seconds: int | None,
              overwrite: bool) -> concurrent.futures.Future[str]: ...
     def load(self, run_id: str, path: str, with_optimizer: bool
              ) -> concurrent.futures.Future[types.LoadWeightsResponse]: ...
-    def snapshot(self, run_id: str, name: str | None) -> concurrent.futures.Future[Any]: ...
+    def snapshot(self, run_id: str, name: str | None) -> concurrent.futures.Future[H]: ...
     def close_session(self, run_id: str) -> concurrent.futures.Future[None]: ...
     def release_collected(self, run_id: str) -> None: ...
 
     # -- sampling ----------------------------------------------------------------------------------------
-    def handle_for_path(self, model_path: str) -> Any: ...
-    def handle_for_base(self, base_model: str) -> Any: ...
-    def sample(self, handle: Any, prompt: types.ModelInput, num_samples: int, params: types.SamplingParams,
+    def handle_for_path(self, model_path: str) -> H: ...
+    def handle_for_base(self, base_model: str) -> H: ...
+    def sample(self, handle: H, prompt: types.ModelInput, num_samples: int, params: types.SamplingParams,
                include_prompt_logprobs: bool, topk_prompt_logprobs: int
                ) -> concurrent.futures.Future[types.SampleResponse]: ...
 
 
 # -- choosing the backend -----------------------------------------------------------------------------------
 
-BackendFactory = Callable[[str | None, str | None], Backend]
+BackendFactory = Callable[[str | None, str | None], "Backend[Any]"]
 """``factory(base_url, api_key)``: the backend that serves clients created with that base URL."""
 StoreFactory = Callable[[str | None, str | None], CheckpointStoreAPI]
 """``factory(base_url, api_key)``: the checkpoint store alone (what a RestClient needs; no model loading)."""
@@ -127,7 +137,7 @@ def _registered() -> tuple[BackendFactory, StoreFactory]:
     return _factories
 
 
-def resolve_backend(base_url: str | None, api_key: str | None = None) -> Backend:
+def resolve_backend(base_url: str | None, api_key: str | None = None) -> Backend[Any]:
     """The backend for ``base_url`` (None or "local": the in-process engine; a URL: that server)."""
     return _registered()[0](base_url, api_key)
 
