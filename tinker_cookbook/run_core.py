@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,9 @@ from tinker_cookbook.utils.lr_scheduling import LR_SCHEDULES, LRSchedule, comput
 logger = logging.getLogger(__name__)
 
 Evaluator = TrainingClientEvaluator | SamplingClientEvaluator
+# The cookbook's AdamW settings besides the learning rate: the defaults of the loops that expose them, and what the
+# RL loop always uses.
+ADAM_BETA1, ADAM_BETA2, ADAM_EPS = 0.9, 0.95, 1e-8
 
 
 def _expand_user(_: object, path: str) -> str:
@@ -122,11 +125,11 @@ class EpochRunConfig(RunConfig):
     """Steps of linear warm-up before the schedule."""
     num_epochs: int = 1
     """Passes over the training data."""
-    adam_beta1: float = 0.9
+    adam_beta1: float = ADAM_BETA1
     """AdamW beta1."""
-    adam_beta2: float = 0.95
+    adam_beta2: float = ADAM_BETA2
     """AdamW beta2."""
-    adam_eps: float = 1e-8
+    adam_eps: float = ADAM_EPS
     """AdamW epsilon."""
     weight_decay: float = 0.0
     """AdamW decoupled weight decay."""
@@ -143,14 +146,19 @@ class EpochRunConfig(RunConfig):
 
     def adam_params(self, learning_rate: float) -> tinker.AdamParams:
         """AdamW's settings for one step at ``learning_rate``."""
-        return tinker.AdamParams(
-            learning_rate=learning_rate, beta1=self.adam_beta1, beta2=self.adam_beta2, eps=self.adam_eps,
-            weight_decay=self.weight_decay, grad_clip_norm=self.grad_clip_norm,
-        )
+        return adam_params(learning_rate, self.adam_beta1, self.adam_beta2, self.adam_eps, self.weight_decay,
+                           self.grad_clip_norm)
 
     def lr_multiplier(self, plan: Plan, step: int) -> float:
         """The schedule's factor at ``step`` of the planned run (its horizon is the whole run, not ``max_steps``)."""
         return compute_schedule_lr_multiplier(self.lr_schedule, step, plan.total_steps, self.lr_warmup_steps)
+
+
+def adam_params(learning_rate: float, beta1: float = ADAM_BETA1, beta2: float = ADAM_BETA2, eps: float = ADAM_EPS,
+                weight_decay: float = 0.0, grad_clip_norm: float = 0.0) -> tinker.AdamParams:
+    """One optimizer step's AdamW settings (the RL loop uses the defaults; ``EpochRunConfig`` has them as fields)."""
+    return tinker.AdamParams(learning_rate=learning_rate, beta1=beta1, beta2=beta2, eps=eps,
+                             weight_decay=weight_decay, grad_clip_norm=grad_clip_norm)
 
 
 def check_learning_rate(learning_rate: float) -> None:
@@ -309,7 +317,7 @@ async def create_training_client(service_client: tinker.ServiceClient, config: R
 
 @dataclass
 class Run:
-    """An open run: its plan, its metrics logger and its clients. ``close`` ends the logging."""
+    """An open run: its plan, its metrics logger and its clients. ``with run:`` ends the logging on the way out."""
 
     config: RunConfig
     plan: Plan
@@ -332,7 +340,10 @@ class Run:
         return checkpoint_utils.start_checkpoint(self.training_client, name, self.config.log_path, loop_state,
                                                  "both", ttl)
 
-    def close(self) -> None:
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
         self.ml_logger.close()
 
 
@@ -349,6 +360,23 @@ async def open_run(config: RunConfig, plan: Plan, resume: checkpoint_utils.Resum
         ml_logger.close()
         raise
     return Run(config, plan, ml_logger, service_client, training_client)
+
+
+async def open_epoch_run(
+    config: EpochRunConfig, build_datasets: Callable[[], tuple[SupervisedDataset, SupervisedDataset | None]]
+) -> tuple[Run, SupervisedDataset, SupervisedDataset | None] | None:
+    """The start of a loop that trains epochs over a fixed dataset: the log-dir policy and resume point, the
+    datasets, the plan of ``num_epochs`` over them (cut at ``max_steps``) and the open run with its train and test
+    datasets; None when the run already reached its end."""
+    resume = resume_point(config)
+    train_dataset, test_dataset = build_datasets()
+    plan = make_plan(len(train_dataset), config.num_epochs, config.max_steps, resume.row)
+    run = await open_run(config, plan, resume)
+    if run is None:
+        return None
+    logger.info("training %s: %d batches/epoch x %d epochs = %d steps; this run: steps %d..%d", config.model_name,
+                plan.n_batches, config.num_epochs, plan.total_steps, plan.start_step, plan.end_step - 1)
+    return run, train_dataset, test_dataset
 
 
 # ---------------------------------------------------------------------------------------------------------

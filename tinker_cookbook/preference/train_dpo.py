@@ -332,23 +332,15 @@ def _build_evaluators(
 async def main(config: Config) -> None:
     """Train per ``config``; see the module docstring for the loss, metrics, checkpoints and resuming."""
     config = _with_renderer_name(config)
-    resume = run_core.resume_point(config)
-    train_dataset, test_dataset = config.dataset_builder()
-    plan = run_core.make_plan(len(train_dataset), config.num_epochs, config.max_steps, resume.row)
-    run = await run_core.open_run(config, plan, resume)
-    if run is None:
+    opened = await run_core.open_epoch_run(config, config.dataset_builder)
+    if opened is None:
         return
-    try:
+    run, train_dataset, test_dataset = opened
+    with run:
+        logger.info("DPO with beta %g against the initial model as the reference", config.dpo_beta)
         reference = ReferenceLogprobs(_reference_sampling_client(run.service_client, config))
-        logger.info(
-            "DPO on %s (beta %g): %d batches/epoch x %d epochs = %d steps; this run: steps %d..%d",
-            config.model_name, config.dpo_beta, plan.n_batches, config.num_epochs, plan.total_steps,
-            plan.start_step, plan.end_step - 1,
-        )
         evaluators = _build_evaluators(config, test_dataset, reference)
-        await _train(run, config, run_core.EpochBatches(train_dataset, plan), reference, evaluators)
-    finally:
-        run.close()
+        await _train(run, config, run_core.EpochBatches(train_dataset, run.plan), reference, evaluators)
 
 
 def cli_main(config: Config) -> None:

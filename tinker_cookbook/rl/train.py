@@ -41,7 +41,6 @@ from tinker_cookbook.rl.rollouts import BatchRollout, do_batch_rollouts, do_grou
 from tinker_cookbook.rl.train_step import (
     SubmittedSubstep,
     TrainSettings,
-    adam_params,
     finish_substeps,
     prepare_data,
     split_groups,
@@ -306,7 +305,7 @@ async def _stream_rollout_and_train(ctx: RunContext, builders: list[EnvGroupBuil
                 step_has_data = True
             part += 1
             if part % stream.num_minibatches == 0 and step_has_data:
-                substeps[-1].optim = await ctx.training_client.optim_step_async(adam_params(ctx.cfg.learning_rate))
+                substeps[-1].optim = await ctx.training_client.optim_step_async(run_core.adam_params(ctx.cfg.learning_rate))
                 step_has_data = False
     if not done:
         raise AllTrajectoriesFailedError(f"all {len(builders)} groups of batch {i} failed (see the warnings above)")
@@ -383,7 +382,7 @@ async def main(cfg: Config) -> None:
     run = await run_core.open_run(cfg, plan, resume)
     if run is None:
         return
-    try:
+    with run:
         ctx = _context(cfg, run, dataset, test_dataset)
         sampling_client = await ctx.training_client.save_weights_and_get_sampling_client_async()
         if cfg.async_config is not None:
@@ -394,5 +393,3 @@ async def main(cfg: Config) -> None:
             for i in range(ctx.start_batch, ctx.end_batch):
                 sampling_client = await _run_iteration(ctx, i, sampling_client)
         await _finish(ctx, sampling_client)
-    finally:
-        run.close()

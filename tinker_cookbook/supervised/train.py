@@ -224,23 +224,15 @@ async def _finish_run(run: run_core.Run, evaluators: run_core.Evaluators, last: 
 
 async def main(config: Config) -> None:
     """Train per ``config``; see the module docstring for steps, checkpoints and resuming."""
-    resume = run_core.resume_point(config)
-    train_dataset, test_dataset = config.dataset_builder()
-    plan = run_core.make_plan(len(train_dataset), config.num_epochs, config.max_steps, resume.row)
-    run = await run_core.open_run(config, plan, resume)
-    if run is None:
+    opened = await run_core.open_epoch_run(config, config.dataset_builder)
+    if opened is None:
         return
-    try:
-        logger.info(
-            "training %s: %d batches/epoch x %d epochs = %d steps; this run: steps %d..%d",
-            config.model_name, plan.n_batches, config.num_epochs, plan.total_steps, plan.start_step, plan.end_step - 1,
-        )
-        batches = run_core.EpochBatches(train_dataset, plan)
-        batches.enter_epoch_of(plan.start_step)
+    run, train_dataset, test_dataset = opened
+    with run:
+        batches = run_core.EpochBatches(train_dataset, run.plan)
+        batches.enter_epoch_of(run.plan.start_step)
         _show_examples(train_dataset, run.training_client, config.num_examples_to_show, run.ml_logger)
         await _train(run, config, batches, _build_evaluators(config, test_dataset))
-    finally:
-        run.close()
 
 
 def cli_main(config: Config) -> None:
