@@ -8,17 +8,18 @@ is here, once:
   policy), each declared here with one default; a loop's ``Config`` subclasses it, so its command-line keys are
   these top-level names (``log_path=...``, ``save_every=...``). ``EpochRunConfig`` adds what the loops that train
   epochs over a fixed dataset share (supervised, DPO): epochs, the LR schedule and AdamW's settings.
-- ``Plan``: the steps of a run, where this invocation starts (from the resumed checkpoint) and stops, the loop
-  state a checkpoint records, when periodic checkpoints are due and what the last one is called.
-- ``resume_point`` + ``open_run``: the log-dir policy, the resumed checkpoint, dropping the ``metrics.jsonl`` rows
-  past it, logging (``ml_log``, wandb) and the training client (``create_training_client``, with the renderer
-  check), returned as one ``Run``.
+- ``Plan`` (``make_plan``): the steps of a run, where this invocation starts (from the resumed checkpoint) and
+  stops, the loop state a checkpoint records, when periodic checkpoints are due and what the last one is called;
+  ``EpochBatches`` serves each step's batch in its epoch's order.
+- ``resume_point`` + ``open_run`` (``open_epoch_run`` for the epoch loops): the log-dir policy, the resumed
+  checkpoint, dropping the ``metrics.jsonl`` rows past it, logging (``ml_log``, wandb) and the training client
+  (``create_training_client``, with the renderer check), returned as one ``Run`` that saves the checkpoints.
 - ``Evaluators`` + ``run_evaluators``: which evaluators are due at a step, and running them on the current weights.
 
-Checkpoint semantics (the file format is ``checkpoint_utils``'): a checkpoint named ``%06d`` of ``s`` holds the
-state after ``s`` steps; periodic ones are taken when ``s % save_every == 0``, strictly between this invocation's
-start and end (the end has its own). The last one is ``final`` (``"final": true``, never expires) when the planned
-run is complete, else it is named after its step (``ttl_seconds`` applies) and a rerun with a larger ``max_steps``
+Checkpoints (``checkpoint_utils`` has the file format): the checkpoint named ``%06d`` of ``s`` holds the state after
+``s`` steps; periodic ones are taken when ``s % save_every == 0``, strictly between this invocation's start and
+end (the end has its own). The last one is ``final`` (``"final": true``, never expires) when the planned run is
+complete, else it is named after its step (``ttl_seconds`` applies) and a rerun with a larger ``max_steps``
 continues from it.
 """
 
