@@ -150,11 +150,13 @@ def test_rl_next_sampler_keeps_rollouts_running(service, training_client, weight
                                                 save_every: int):
     """The RL loop's next sampler (checkpoint or snapshot) is built while rollouts keep running."""
     from tinker_cookbook.rl.train import RunContext
+    from tinker_cookbook.run_core import Evaluators, Plan, Run
 
     cfg = SimpleNamespace(save_every=save_every, log_path=str(tmp_path), ttl_seconds=None)
-    ctx = RunContext(cfg=cfg, service_client=service, training_client=training_client,  # type: ignore[arg-type]
-                     dataset=None, evaluators=[], reference_client=None, ml_logger=None,  # type: ignore[arg-type]
-                     tokenizer=None, start_batch=0, end_batch=5)
+    run = Run(config=cfg, plan=Plan(n_batches=5, total_steps=5, end_step=5, start_step=0),  # type: ignore[arg-type]
+              ml_logger=None, service_client=service, training_client=training_client)  # type: ignore[arg-type]
+    ctx = RunContext(cfg=cfg, run=run, dataset=None, evaluators=Evaluators(),  # type: ignore[arg-type]
+                     reference_client=None, tokenizer=None)
     metrics: dict[str, float] = {}
     sampler, pending = asyncio.run(weights_gate.run(lambda: ctx.next_sampler(0, metrics)))
     assert (sampler.model_path is not None) == (save_every == 1) == (pending is not None)

@@ -17,8 +17,8 @@ The semantics, which every loop in this package follows:
 - Resuming = the last row that has ``state_path`` (``get_last_checkpoint``), loaded with
   ``ServiceClient.create_training_client_from_state_with_optimizer`` (weights and Adam state).
 
-Every loop resumes the same way, through ``resume_point`` and ``ResumePoint.begin`` (the supervised and RL loops and
-the flat recipes): the log-dir policy (``cli_utils.check_log_dir``) decides whether an existing run is kept; a kept
+Every loop resumes the same way, through ``resume_point`` and ``ResumePoint.begin`` (the loops, by way of
+``run_core``, and the flat recipes): the log-dir policy (``cli_utils.check_log_dir``) decides whether an existing run is kept; a kept
 run must have been started with the same model, data and adapter shape (else ``ConfigurationError`` naming each
 differing field); it continues from its last complete checkpoint; a run that already reached its last step is a
 no-op; and the ``metrics.jsonl`` rows logged after that checkpoint by the interrupted attempt are dropped, since the
@@ -130,15 +130,13 @@ class PendingCheckpoint:
 
     async def finish_async(self) -> dict[str, Any]:
         """Wait for the saves, then append the row; returns the row."""
-        paths = {key: (await fut.result_async()).path for key, fut in self.futures.items()}
-        record = {"name": self.name, **self.loop_state, **paths}
-        append_checkpoint_record(self.log_path, record)
-        logger.info("saved checkpoint %s: %s", self.name, ", ".join(f"{k}={v}" for k, v in paths.items()))
-        return record
+        return self._record({key: (await fut.result_async()).path for key, fut in self.futures.items()})
 
     def finish(self) -> dict[str, Any]:
         """Blocking form of ``finish_async``."""
-        paths = {key: fut.result().path for key, fut in self.futures.items()}
+        return self._record({key: fut.result().path for key, fut in self.futures.items()})
+
+    def _record(self, paths: dict[str, str]) -> dict[str, Any]:
         record = {"name": self.name, **self.loop_state, **paths}
         append_checkpoint_record(self.log_path, record)
         logger.info("saved checkpoint %s: %s", self.name, ", ".join(f"{k}={v}" for k, v in paths.items()))

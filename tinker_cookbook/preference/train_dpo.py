@@ -27,10 +27,10 @@ Mechanics, all through the public API:
   the final model in the last row of a finished run. Both policy and reference logprobs of the test pairs come from
   ``compute_logprobs`` (on a snapshot of the current weights), so at step 0 every margin is exactly 0.
 
-Steps, epochs, checkpoints, resuming, ``log_path`` files and the log-dir policy are those of the supervised loop
-(``tinker_cookbook.supervised.train``, whose plan and helpers this loop calls): a checkpoint named ``%06d`` of
-step ``s`` holds the state after ``s`` steps; a run stopped by ``max_steps`` resumes exactly; a finished run is
-a no-op when run again. The reference is always the initial model, also after resuming.
+Steps, epochs, checkpoints, resuming, ``log_path`` files and the log-dir policy are those of every loop
+(``tinker_cookbook.run_core``) and match the supervised loop's: a checkpoint named ``%06d`` of step ``s`` holds the
+state after ``s`` steps; a run stopped by ``max_steps`` resumes exactly; a finished run is a no-op when run again.
+The reference is always the initial model, also after resuming.
 """
 
 from __future__ import annotations
@@ -48,16 +48,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tinker_cookbook import checkpoint_utils, cli_utils, tinker
+from tinker_cookbook import cli_utils, run_core, tinker
 from tinker_cookbook.eval.evaluators import SamplingClientEvaluator
 from tinker_cookbook.exceptions import ConfigurationError, TrainingError
 from tinker_cookbook.preference.preference_datasets import DPODatasetBuilder
-from tinker_cookbook.supervised import train as sl_train
 from tinker_cookbook.supervised.types import SupervisedDataset
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.training_client import CustomLossFn
-from tinker_cookbook.utils import ml_log
-from tinker_cookbook.utils.lr_scheduling import compute_schedule_lr_multiplier
 from tinker_cookbook.utils.misc_utils import timed
 
 logger = logging.getLogger(__name__)
@@ -66,20 +63,19 @@ DPO_METRICS = ("dpo_loss", "accuracy", "margin", "chosen_reward", "rejected_rewa
 
 
 @chz.chz
-class Config(sl_train.RunConfig):
-    """DPO training of a LoRA adapter: the supervised loop's run settings (``sl_train.RunConfig``) plus these."""
+class Config(run_core.EpochRunConfig):
+    """DPO training of a LoRA adapter (the reference model is the initial one: the base or ``load_checkpoint_path``)."""
 
     dataset_builder: DPODatasetBuilder
     """Builds the train (and optional test) comparison pairs."""
-    load_checkpoint_path: str | None = None
-    """Start from these weights (a ``tinker://.../weights/...`` path); they are also the reference model."""
     learning_rate: float = 1e-5
-    """Peak learning rate of AdamW (the default is smaller than the supervised loop's; recipes set their own)."""
+    """Peak learning rate of AdamW."""
     dpo_beta: float = 0.1
     """beta of the DPO loss: how far the policy may move from the reference for a given preference margin."""
 
     @chz.validate
     def _check(self) -> None:
+        run_core.check_learning_rate(self.learning_rate)
         if not (math.isfinite(self.dpo_beta) and self.dpo_beta > 0):
             raise ValueError(f"dpo_beta={self.dpo_beta} must be a positive finite number, such as 0.1")
 
@@ -229,19 +225,8 @@ class DPOEvaluator(SamplingClientEvaluator):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Machinery shared with the supervised loop
+# Setup
 # ---------------------------------------------------------------------------------------------------------
-
-
-def resume_point(config: Config) -> checkpoint_utils.ResumePoint:
-    """Where this run continues from, after applying the log-dir policy (the resume helper every loop shares)."""
-    return checkpoint_utils.resume_point(config.log_path, config.behavior_if_log_dir_exists, config)
-
-
-def _create_training_client(
-    service_client: tinker.ServiceClient, config: Config, resume_row: dict[str, Any] | None
-) -> tinker.TrainingClient:
-    return sl_train._create_training_client(service_client, config, resume_row)  # type: ignore[arg-type]  # same
 
 
 def _reference_sampling_client(service_client: tinker.ServiceClient, config: Config) -> tinker.SamplingClient:
@@ -293,101 +278,69 @@ async def train_step(
     return {**metrics, **{f"optim/{k}": v for k, v in optim_metrics.items()}}
 
 
-async def _train(
-    config: Config, plan: sl_train.Plan, training_client: tinker.TrainingClient, train_dataset: SupervisedDataset,
-    reference: ReferenceLogprobs, evaluators: sl_train.Evaluators, ml_logger: ml_log.Logger,
-) -> None:
-    current_epoch = -1
+async def _train(run: run_core.Run, config: Config, batches: run_core.EpochBatches, reference: ReferenceLogprobs,
+                 evaluators: run_core.Evaluators) -> None:
+    plan, training_client = run.plan, run.training_client
     for step in range(plan.start_step, plan.end_step):
         start = time.perf_counter()
-        epoch, batch = plan.position(step)
+        epoch, _ = plan.position(step)
         metrics: dict[str, Any] = {"epoch": epoch, "progress": (step + 1) / plan.total_steps}
-        pending_save = None
         # Everything queued so far ends with step - 1's optim_step: saves and evals see the weights after `step` steps.
-        if config.save_every > 0 and step > plan.start_step and step % config.save_every == 0:
-            pending_save = checkpoint_utils.start_checkpoint(
-                training_client, f"{step:06d}", config.log_path, plan.loop_state(step), "both", config.ttl_seconds
-            )
-        last = step == plan.end_step - 1
-        # The last step of a finished run is evaluated after it instead, on the final model.
-        due = [] if plan.finished and last else evaluators.due(step, final=False)
+        pending_save = run.start_checkpoint_if_due(step)
         with timed("evals", metrics):
-            metrics.update(await sl_train.run_evaluators(due, training_client))
-        if epoch != current_epoch:
-            train_dataset.set_epoch(seed=epoch)
-            current_epoch = epoch
-        data = train_dataset.get_batch(batch)
+            metrics.update(await run_core.run_evaluators(evaluators.before_step(plan, step), training_client))
+        data = batches.get(step)
         with timed("reference", metrics):
             reference_sums = await reference.sums(data)
         metrics["reference/num_computed"] = reference.num_computed  # stays flat once every pair has been seen
-        lr = config.learning_rate * compute_schedule_lr_multiplier(
-            config.lr_schedule, step, plan.total_steps, config.lr_warmup_steps)
+        lr = config.learning_rate * config.lr_multiplier(plan, step)
         with timed("train_step", metrics):
             metrics.update(await train_step(training_client, data, reference_sums, config.dpo_beta,
-                                            sl_train.adam_params(config, lr)))  # type: ignore[arg-type]  # same fields
+                                            config.adam_params(lr)))
         metrics.update(learning_rate=lr, num_tokens=sum(d.model_input.length for d in data))
         if pending_save is not None:
             await pending_save.finish_async()
-        if last:
-            await _finish_run(config, plan, training_client, evaluators, metrics)
+        if step == plan.end_step - 1:
+            await _finish_run(run, evaluators, metrics)
         metrics["time/total"] = time.perf_counter() - start
         metrics["perf/tokens_per_s"] = metrics["num_tokens"] / max(metrics["time/total"], 1e-9)
-        ml_logger.log_metrics(metrics, step=step)
+        run.ml_logger.log_metrics(metrics, step=step)
 
 
-async def _finish_run(
-    config: Config, plan: sl_train.Plan, training_client: tinker.TrainingClient, evaluators: sl_train.Evaluators,
-    metrics: dict[str, Any],
-) -> None:
+async def _finish_run(run: run_core.Run, evaluators: run_core.Evaluators, metrics: dict[str, Any]) -> None:
     """The last checkpoint and, when the run is finished, the final model's evaluations (into the last row)."""
-    finished = plan.finished
-    name = "final" if finished else f"{plan.end_step:06d}"
-    loop_state = {**plan.loop_state(plan.end_step), **({"final": True} if finished else {})}
-    pending = checkpoint_utils.start_checkpoint(
-        training_client, name, config.log_path, loop_state, "both", None if finished else config.ttl_seconds
-    )
-    if finished:
+    pending = run.start_last_checkpoint()
+    if run.plan.finished:
         with timed("evals", metrics):
-            metrics.update(await sl_train.run_evaluators(evaluators.due(plan.end_step, final=True), training_client))
+            metrics.update(await run_core.run_evaluators(evaluators.after_run(run.plan), run.training_client))
     row = await pending.finish_async()
-    what = "finished" if finished else f"stopped at max_steps={config.max_steps}"
-    logger.info("DPO training %s after %d steps; last checkpoint %s", what, plan.end_step, row.get("state_path"))
+    what = "finished" if run.plan.finished else f"stopped at max_steps={run.config.max_steps}"
+    logger.info("DPO training %s after %d steps; last checkpoint %s", what, run.plan.end_step, row.get("state_path"))
 
 
 def _build_evaluators(
     config: Config, test_dataset: SupervisedDataset | None, reference: ReferenceLogprobs
-) -> sl_train.Evaluators:
-    evaluators = sl_train.Evaluators()
+) -> run_core.Evaluators:
+    evaluators = run_core.Evaluators()
     if test_dataset is not None:
         test_data = [datum for i in range(len(test_dataset)) for datum in test_dataset.get_batch(i)]
-        evaluators.every.append((config.eval_every, DPOEvaluator(test_data, reference, config.dpo_beta)))
-    evaluators.every.extend((config.eval_every, builder()) for builder in config.evaluator_builders)
+        evaluators.add(config.eval_every, [DPOEvaluator(test_data, reference, config.dpo_beta)])
+    evaluators.add(config.eval_every, [builder() for builder in config.evaluator_builders])
     return evaluators
 
 
 async def main(config: Config) -> None:
     """Train per ``config``; see the module docstring for the loss, metrics, checkpoints and resuming."""
     config = _with_renderer_name(config)
-    resume = resume_point(config)
-    resume_row = resume.row
-    train_dataset, test_dataset = config.dataset_builder()
-    plan = sl_train.make_plan(config, len(train_dataset), resume_row)  # type: ignore[arg-type]  # same fields
-    if not resume.begin(plan.start_step, plan.end_step):
+    opened = await run_core.open_epoch_run(config, config.dataset_builder)
+    if opened is None:
         return
-    ml_logger = ml_log.setup_logging(config.log_path, config.wandb_project, config.wandb_name, config=config)
-    try:
-        service_client = tinker.ServiceClient(base_url=config.base_url)
-        training_client = _create_training_client(service_client, config, resume_row)
-        reference = ReferenceLogprobs(_reference_sampling_client(service_client, config))
-        logger.info(
-            "DPO on %s (beta %g): %d batches/epoch x %d epochs = %d steps; this run: steps %d..%d",
-            config.model_name, config.dpo_beta, plan.n_batches, config.num_epochs, plan.total_steps,
-            plan.start_step, plan.end_step - 1,
-        )
+    run, train_dataset, test_dataset = opened
+    with run:
+        logger.info("DPO with beta %g against the initial model as the reference", config.dpo_beta)
+        reference = ReferenceLogprobs(_reference_sampling_client(run.service_client, config))
         evaluators = _build_evaluators(config, test_dataset, reference)
-        await _train(config, plan, training_client, train_dataset, reference, evaluators, ml_logger)
-    finally:
-        ml_logger.close()
+        await _train(run, config, run_core.EpochBatches(train_dataset, run.plan), reference, evaluators)
 
 
 def cli_main(config: Config) -> None:

@@ -10,12 +10,13 @@ Three modes share one ``Config`` and ``main``:
   more than ``max_steps_off_policy`` steps before the step that would train on them are sampled again.
 
 Per run ``log_path`` holds ``config.json``, ``metrics.jsonl`` (step = iteration), ``checkpoints.jsonl``, ``logs.log``
-and ``iteration_NNNNNN/train.html`` (a few rollouts per iteration). A checkpoint row ``{"batch": i+1, ...}`` is
-written after the train step of iteration ``i`` when ``(i + 1) % save_every == 0`` (once row ``i`` of
-``metrics.jsonl`` is logged), and ``final`` at the end. Resuming works as in the supervised loop
-(``checkpoint_utils.resume_point``): a log dir of another model or dataset is refused, a rerun continues from the
-last row's ``batch`` after dropping the ``metrics.jsonl`` rows the interrupted attempt logged past it, and a run
-that already reached its last iteration does nothing.
+and ``iteration_NNNNNN/train.html`` (a few rollouts per iteration). Checkpoints, evaluations and resuming are every
+loop's (``run_core``): the checkpoint ``%06d`` of ``s`` (``{"step": s, ...}``, the state after ``s`` iterations) is
+taken after iteration ``s - 1`` when ``s % save_every == 0`` and recorded once row ``s - 1`` of ``metrics.jsonl``
+is logged, and ``final`` at the end. A log dir of another model or dataset is refused, a rerun continues from the
+last checkpoint after dropping the ``metrics.jsonl`` rows the interrupted attempt logged past it, and a run that
+already reached its last iteration does nothing. The evaluators run before every ``eval_every``-th iteration and
+once more after the last one (logged as the row after it).
 
 ``recipes/rl_loop.py`` is the flat, pedagogical twin of this loop on the raw API.
 """
@@ -28,22 +29,18 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import chz
 
-from tinker_cookbook import checkpoint_utils, tinker
-from tinker_cookbook.cli_utils import LogdirBehavior
+from tinker_cookbook import checkpoint_utils, run_core, tinker
 from tinker_cookbook.completers import TinkerTokenCompleter
-from tinker_cookbook.eval.evaluators import SamplingClientEvaluator, SamplingClientEvaluatorBuilder
-from tinker_cookbook.exceptions import AllTrajectoriesFailedError, CheckpointError, ConfigurationError
+from tinker_cookbook.exceptions import AllTrajectoriesFailedError, ConfigurationError
 from tinker_cookbook.rl.metric_util import RLTestSetEvaluator, compute_trajectory_metrics
 from tinker_cookbook.rl.rollouts import BatchRollout, do_batch_rollouts, do_group_rollout
 from tinker_cookbook.rl.train_step import (
     SubmittedSubstep,
     TrainSettings,
-    adam_params,
     finish_substeps,
     prepare_data,
     split_groups,
@@ -52,7 +49,6 @@ from tinker_cookbook.rl.train_step import (
     write_transcript,
 )
 from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, RLDatasetBuilder, TrajectoryGroup
-from tinker_cookbook.utils import ml_log
 from tinker_cookbook.utils.misc_utils import iteration_dir, timed
 
 logger = logging.getLogger(__name__)
@@ -91,26 +87,20 @@ class KLReferenceConfig:
 
 
 @chz.chz
-class Config:
-    """RL training of a LoRA adapter: sample groups, centre rewards within each group, take a policy-gradient step."""
+class Config(run_core.RunConfig):
+    """RL training of a LoRA adapter: sample groups, centre rewards within each group, take a policy-gradient step.
+
+    The run's settings (``log_path``, ``model_name``, ``renderer_name``, ``lora_rank``, ``seed``, ``max_steps``, the
+    evaluation and checkpoint cadence, ...) are ``run_core.RunConfig``'s; a step is one iteration (one dataset
+    batch), and ``max_steps`` sets how many the run has (None: the whole dataset).
+    """
 
     learning_rate: float
     """Learning rate of AdamW (constant)."""
     dataset_builder: RLDatasetBuilder
     """Builds the train (and optional test) dataset of environment groups."""
-    model_name: str
-    """The base model the LoRA adapter is trained on."""
     max_tokens: int
     """The most tokens sampled per reply."""
-    log_path: str = chz.field(munger=lambda _, s: str(Path(s).expanduser()))
-    """Where the run writes metrics.jsonl, checkpoints.jsonl, config.json and the transcripts."""
-    renderer_name: str | None = None
-    """Recorded in the run's metadata; resuming from a checkpoint trained with another renderer is refused."""
-
-    lora_rank: int = 32
-    """Rank of the LoRA adapter."""
-    seed: int = 0
-    """LoRA initialisation and sampling seeds: reruns (and resumed runs) of single-turn envs sample the same tokens."""
 
     temperature: float = 1.0
     """Sampling temperature of the rollouts."""
@@ -132,39 +122,16 @@ class Config:
     kl_reference_config: KLReferenceConfig | None = None
     """None: the KL penalty is against ``model_name`` itself (the untrained base)."""
 
-    eval_every: int = 20
-    """Iterations between evaluations (0: never)."""
-    save_every: int = 20
-    """Iterations between checkpoints (0: only at the end); a rerun resumes from the last one."""
-    evaluator_builders: list[SamplingClientEvaluatorBuilder] = chz.field(default_factory=list)
-    """Evaluators run every ``eval_every`` iterations (the test set is always one when there is a test set)."""
-    load_checkpoint_path: str | None = None
-    """Start from these weights (a ``weights/`` path); ignored when the log dir has a checkpoint to resume."""
-
     async_config: AsyncConfig | None = None
     """Off-policy mode: sampling never waits for training (``rl/train_async.py``)."""
     stream_minibatch_config: StreamMinibatchConfig | None = None
     """Streaming mode: train minibatches as soon as their groups are sampled."""
     num_groups_to_log: int = 4
     """Groups per iteration written to ``iteration_NNNNNN/train.html``."""
-    max_steps: int | None = None
-    """Stop after this many iterations (None: the whole dataset); rerun with more to go on."""
-    ttl_seconds: int | None = 604800
-    """Expiry of periodic checkpoints (None: kept); the final checkpoint never expires."""
-    behavior_if_log_dir_exists: LogdirBehavior = "ask"
-    """When log_path holds a run: resume it, delete it, raise, or ask (raise when stdin is not a terminal)."""
-    wandb_project: str | None = None
-    """Also log to this Weights & Biases project (None: no wandb)."""
-    wandb_name: str | None = None
-    """The wandb run name."""
-    base_url: str | None = None
-    """The service to train on: None, the in-process engine; an http(s) URL, a Tinker-protocol server (such as
-    `tinker-cookbook serve`) through the official SDK (`pip install tinker_cookbook[remote]`; key: $TINKER_API_KEY)."""
 
     @chz.validate
     def _check(self) -> None:
-        if self.learning_rate <= 0:
-            raise ConfigurationError(f"learning_rate={self.learning_rate} must be positive (e.g. 1e-5)")
+        run_core.check_learning_rate(self.learning_rate)
         if self.max_tokens < 1:
             raise ConfigurationError(f"max_tokens={self.max_tokens} must be at least 1")
         if self.num_substeps < 1:
@@ -176,8 +143,6 @@ class Config:
                 f"async_config.max_steps_off_policy={self.async_config.max_steps_off_policy} must be >= 0")
         if self.kl_penalty_coef < 0:
             raise ConfigurationError(f"kl_penalty_coef={self.kl_penalty_coef} must be >= 0")
-        if self.max_steps is not None and self.max_steps < 0:
-            raise ConfigurationError(f"max_steps={self.max_steps} must be >= 0")
 
     @property
     def settings(self) -> TrainSettings:
@@ -192,18 +157,26 @@ class Config:
 
 @dataclass
 class RunContext:
-    """Everything a mode's loop needs besides the config."""
+    """Everything a mode's loop needs besides the config: the open run (plan, logger, clients) and the RL parts."""
 
     cfg: Config
-    service_client: tinker.ServiceClient
-    training_client: tinker.TrainingClient
+    run: run_core.Run
     dataset: RLDataset
-    evaluators: list[SamplingClientEvaluator]
+    evaluators: run_core.Evaluators
     reference_client: tinker.SamplingClient | None
-    ml_logger: ml_log.Logger
     tokenizer: Any
-    start_batch: int
-    end_batch: int
+
+    @property
+    def training_client(self) -> tinker.TrainingClient:
+        return self.run.training_client
+
+    @property
+    def start_batch(self) -> int:
+        return self.run.plan.start_step
+
+    @property
+    def end_batch(self) -> int:
+        return self.run.plan.end_step
 
     def policy(self, sampling_client: tinker.SamplingClient, iteration: int) -> TinkerTokenCompleter:
         # Independent seed streams per (run seed, iteration): the completer adds its call index to this base.
@@ -216,12 +189,12 @@ class RunContext:
                 "optim/lr": self.cfg.learning_rate}
 
     async def maybe_eval(self, i: int, sampling_client: tinker.SamplingClient, force: bool = False) -> dict[str, float]:
-        if not self.evaluators or self.cfg.eval_every <= 0 or not (force or i % self.cfg.eval_every == 0):
+        """The evaluations due before iteration ``i`` (all of them when ``force``), on ``sampling_client``."""
+        due = self.evaluators.due(i, final=force)
+        if not due:
             return {}
-        metrics: dict[str, float] = {}
         start = time.perf_counter()
-        for evaluator in self.evaluators:
-            metrics.update(await evaluator(sampling_client))
+        metrics = await run_core.run_evaluators(due, self.training_client, sampling_client)
         metrics["time/eval"] = time.perf_counter() - start
         return metrics
 
@@ -230,54 +203,23 @@ class RunContext:
         """The sampler for iteration ``i + 1`` (the periodic checkpoint's weights, or an in-memory snapshot), and
         the checkpoint to record with ``log_row`` once row ``i`` is logged."""
         with timed("save", metrics):
-            if self.cfg.save_every > 0 and (i + 1) % self.cfg.save_every == 0 and i + 1 < self.end_batch:
-                pending = checkpoint_utils.start_checkpoint(
-                    self.training_client, f"{i + 1:06d}", self.cfg.log_path, {"batch": i + 1}, "both",
-                    self.cfg.ttl_seconds)
+            pending = self.run.start_checkpoint_if_due(i + 1)
+            if pending is not None:
                 sampler_path = (await pending.futures["sampler_path"].result_async()).path
-                return await self.service_client.create_sampling_client_async(model_path=sampler_path), pending
+                return await self.run.service_client.create_sampling_client_async(model_path=sampler_path), pending
             return await self.training_client.save_weights_and_get_sampling_client_async(), None
 
     async def log_row(self, i: int, metrics: dict[str, float],
                       checkpoint: checkpoint_utils.PendingCheckpoint | None) -> None:
         """Log row ``i``, then record the checkpoint taken after iteration ``i``: in this order a run killed in
         between resumes from the checkpoint before and logs row ``i`` again, instead of never logging it."""
-        self.ml_logger.log_metrics(metrics, step=i)
+        self.run.ml_logger.log_metrics(metrics, step=i)
         if checkpoint is not None:
             await checkpoint.finish_async()
 
     def log_transcript(self, i: int, groups_P: list[TrajectoryGroup], builders_P: list[EnvGroupBuilder]) -> None:
         write_transcript(iteration_dir(self.cfg.log_path, i) / "train.html", f"Iteration {i}", groups_P, builders_P,
                          self.tokenizer, self.cfg.num_groups_to_log)
-
-
-def _start_batch(row: dict[str, Any] | None) -> int:
-    """The first iteration to run: the number of iterations the resumed checkpoint was saved after."""
-    if row is None:
-        return 0
-    try:
-        return int(row["batch"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint row {row} has no valid 'batch' to resume from") from exc
-
-
-async def _create_training_client(cfg: Config, service_client: tinker.ServiceClient,
-                                  resume_row: dict[str, Any] | None) -> tinker.TrainingClient:
-    """The training client: resumed from ``resume_row``, from ``load_checkpoint_path``, or fresh."""
-    metadata = checkpoint_utils.renderer_user_metadata(cfg.renderer_name)
-    if resume_row is not None:
-        checkpoint_utils.check_renderer_name_for_checkpoint(service_client, resume_row["state_path"],
-                                                            cfg.renderer_name)
-        logger.info("resuming from %s (batch %d)", resume_row["state_path"], resume_row["batch"])
-        return await service_client.create_training_client_from_state_with_optimizer_async(
-            resume_row["state_path"], user_metadata=metadata)
-    if cfg.load_checkpoint_path is not None:
-        checkpoint_utils.check_renderer_name_for_checkpoint(service_client, cfg.load_checkpoint_path,
-                                                            cfg.renderer_name)
-        return await service_client.create_training_client_from_state_async(cfg.load_checkpoint_path,
-                                                                            user_metadata=metadata)
-    return await service_client.create_lora_training_client_async(cfg.model_name, rank=cfg.lora_rank,
-                                                                   seed=cfg.seed, user_metadata=metadata)
 
 
 def _reference_client(cfg: Config, service_client: tinker.ServiceClient) -> tinker.SamplingClient | None:
@@ -289,26 +231,14 @@ def _reference_client(cfg: Config, service_client: tinker.ServiceClient) -> tink
     return service_client.create_sampling_client(base_model=ref.base_model if ref is not None else cfg.model_name)
 
 
-async def _build_context(cfg: Config) -> RunContext | None:
-    """Set up logging, clients, data and evaluators; None when the run in ``log_path`` already finished."""
-    resume = checkpoint_utils.resume_point(cfg.log_path, cfg.behavior_if_log_dir_exists, cfg)
-    dataset, test_dataset = await cfg.dataset_builder()
-    start_batch = _start_batch(resume.row)
-    end_batch = len(dataset) if cfg.max_steps is None else min(len(dataset), cfg.max_steps)
-    if end_batch == 0:
-        raise ConfigurationError(f"the dataset has no batches (len={len(dataset)}, max_steps={cfg.max_steps}); "
-                                 "make it at least batch_size problems long or raise max_steps")
-    if not resume.begin(start_batch, end_batch):
-        return None
-    ml_logger = ml_log.setup_logging(cfg.log_path, cfg.wandb_project, cfg.wandb_name, config=cfg)
-    service_client = tinker.ServiceClient(base_url=cfg.base_url)
-    training_client = await _create_training_client(cfg, service_client, resume.row)
-    evaluators = [builder() for builder in cfg.evaluator_builders]
+def _context(cfg: Config, run: run_core.Run, dataset: RLDataset, test_dataset: RLDataset | None) -> RunContext:
+    """The RL parts of an open run: evaluators (the given ones, then the test set's), reference policy, tokenizer."""
+    evaluators = run_core.Evaluators()
+    evaluators.add(cfg.eval_every, [builder() for builder in cfg.evaluator_builders])
     if test_dataset is not None:
-        evaluators.append(RLTestSetEvaluator(test_dataset, cfg.max_tokens, temperature=cfg.temperature))
-    return RunContext(cfg, service_client, training_client, dataset, evaluators,
-                      _reference_client(cfg, service_client), ml_logger, training_client.get_tokenizer(),
-                      start_batch, end_batch)
+        evaluators.add(cfg.eval_every, [RLTestSetEvaluator(test_dataset, cfg.max_tokens, temperature=cfg.temperature)])
+    return RunContext(cfg, run, dataset, evaluators, _reference_client(cfg, run.service_client),
+                      run.training_client.get_tokenizer())
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -375,7 +305,7 @@ async def _stream_rollout_and_train(ctx: RunContext, builders: list[EnvGroupBuil
                 step_has_data = True
             part += 1
             if part % stream.num_minibatches == 0 and step_has_data:
-                substeps[-1].optim = await ctx.training_client.optim_step_async(adam_params(ctx.cfg.learning_rate))
+                substeps[-1].optim = await ctx.training_client.optim_step_async(run_core.adam_params(ctx.cfg.learning_rate))
                 step_has_data = False
     if not done:
         raise AllTrajectoriesFailedError(f"all {len(builders)} groups of batch {i} failed (see the warnings above)")
@@ -436,26 +366,30 @@ async def _run_iteration(ctx: RunContext, i: int, sampling_client: tinker.Sampli
 
 
 async def _finish(ctx: RunContext, sampling_client: tinker.SamplingClient) -> None:
-    """Final eval (when evals are on) and the ``final`` checkpoint."""
+    """Final eval (when evals are on), logged as the row after the last iteration, and the ``final`` checkpoint."""
     metrics = await ctx.maybe_eval(ctx.end_batch, sampling_client, force=True)
     if metrics:
-        ctx.ml_logger.log_metrics(metrics, step=ctx.end_batch)
-    await checkpoint_utils.save_checkpoint_async(ctx.training_client, "final", ctx.cfg.log_path,
-                                                 {"batch": ctx.end_batch, "final": True}, "both", None)
-    ctx.ml_logger.close()
+        ctx.run.ml_logger.log_metrics(metrics, step=ctx.end_batch)
+    await ctx.run.start_last_checkpoint().finish_async()
 
 
 async def main(cfg: Config) -> None:
     """Train ``cfg.model_name`` with RL on ``cfg.dataset_builder``; see the module docstring."""
-    ctx = await _build_context(cfg)
-    if ctx is None:
+    resume = run_core.resume_point(cfg)
+    dataset, test_dataset = await cfg.dataset_builder()
+    # One pass over the dataset, as long as max_steps asks (the LR is constant, so the plan is this run's length).
+    plan = run_core.make_plan(len(dataset), 1, cfg.max_steps, resume.row, max_steps_plans_run=True)
+    run = await run_core.open_run(cfg, plan, resume)
+    if run is None:
         return
-    sampling_client = await ctx.training_client.save_weights_and_get_sampling_client_async()
-    if cfg.async_config is not None:
-        from tinker_cookbook.rl.train_async import run_async_training
+    with run:
+        ctx = _context(cfg, run, dataset, test_dataset)
+        sampling_client = await ctx.training_client.save_weights_and_get_sampling_client_async()
+        if cfg.async_config is not None:
+            from tinker_cookbook.rl.train_async import run_async_training
 
-        sampling_client = await run_async_training(ctx, sampling_client)
-    else:
-        for i in range(ctx.start_batch, ctx.end_batch):
-            sampling_client = await _run_iteration(ctx, i, sampling_client)
-    await _finish(ctx, sampling_client)
+            sampling_client = await run_async_training(ctx, sampling_client)
+        else:
+            for i in range(ctx.start_batch, ctx.end_batch):
+                sampling_client = await _run_iteration(ctx, i, sampling_client)
+        await _finish(ctx, sampling_client)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tinker_cookbook import tinker
+from tinker_cookbook import run_core, tinker
 from tinker_cookbook.rl.data_processing import (
     assemble_training_data,
     compute_advantages,
@@ -28,15 +28,6 @@ from tinker_cookbook.rl.types import EnvGroupBuilder, TrajectoryGroup
 from tinker_cookbook.utils.logtree import HtmlReport
 
 logger = logging.getLogger(__name__)
-
-RL_ADAM_BETAS = (0.9, 0.95)
-RL_ADAM_EPS = 1e-8
-
-
-def adam_params(learning_rate: float) -> tinker.AdamParams:
-    return tinker.AdamParams(learning_rate=learning_rate, beta1=RL_ADAM_BETAS[0], beta2=RL_ADAM_BETAS[1],
-                             eps=RL_ADAM_EPS)
-
 
 @dataclass(frozen=True)
 class TrainSettings:
@@ -92,7 +83,7 @@ async def submit_substep(training_client: tinker.TrainingClient, data_D: list[ti
                          settings: TrainSettings) -> SubmittedSubstep:
     """Queue ``forward_backward`` and, right behind it, ``optim_step``, without waiting in between."""
     substep = await submit_forward_backward(training_client, data_D, settings)
-    substep.optim = await training_client.optim_step_async(adam_params(settings.learning_rate))
+    substep.optim = await training_client.optim_step_async(run_core.adam_params(settings.learning_rate))
     return substep
 
 
