@@ -174,19 +174,15 @@ def run_recipe(
     wants_help = any(a in HELP_FLAGS for a in args)
     args = [a for a in args if a not in HELP_FLAGS]
     given = dict(a.split("=", 1) for a in args if "=" in a)
-    target = defaults.target if isinstance(defaults, chz.Blueprint) else chz.get_nested_target(main)
-    args, forwarded = _split_forwarded(target, args, keys, forward)
-    chz_args = _spell_nested_keys(target, _expand_keys(args, keys))
     try:
-        base = _recipe_blueprint(target, defaults, given, name)
+        base = _recipe_blueprint(main, defaults, given, name)
+        args, forwarded = _split_forwarded(base.target, args, keys, forward)
         if forward is not None:
             base = base.apply({forward.field: forwarded}, layer_name="passed on")
-        blueprint = base.clone().apply_from_argv(chz_args)
+        blueprint = base.clone().apply_from_argv(_spell_nested_keys(base.target, _expand_keys(args, keys)))
         if wants_help:
-            help_text = recipe_help(blueprint, base, keys, given, _command_name(main), _summary(main))
-            if forward is not None:
-                help_text += _forwarded_help(forward)
-            _print_help(help_text)
+            passed_on = _forwarded_help(forward) if forward is not None else []
+            _print_help(recipe_help(blueprint, base, keys, given, _command_name(main), _summary(main), passed_on))
             return
         config = blueprint.make()
     except (ValueError, *CHZ_ARGUMENT_ERRORS) as exc:  # validators raise ValueError; chz: keys and values
@@ -201,19 +197,20 @@ def run_recipe(
         raise
 
 
-def _recipe_blueprint(target: Any, defaults: Defaults | None, given: Mapping[str, str],
+def _recipe_blueprint(main: Callable[..., object], defaults: Defaults | None, given: Mapping[str, str],
                       name: str | None) -> chz.Blueprint[Any]:
-    """The default log path, under the recipe's defaults."""
-    base = chz.Blueprint(target)
-    if name is not None and "log_path" in chz.chz_fields(target):
-        base = base.apply({"log_path": default_log_path(name)}, layer_name="default log path")
+    """The recipe's defaults (``chz.Blueprint`` of ``main``'s config when None) over the default log path."""
     if defaults is None:
-        return base
-    recipe = defaults.clone() if isinstance(defaults, chz.Blueprint) else defaults(given)
+        recipe = chz.Blueprint(chz.get_nested_target(main))
+    else:
+        recipe = defaults.clone() if isinstance(defaults, chz.Blueprint) else defaults(given)
+    if name is None or "log_path" not in chz.chz_fields(recipe.target):
+        return recipe
+    base = chz.Blueprint(recipe.target).apply({"log_path": default_log_path(name)}, layer_name="default log path")
     return base.apply(recipe)
 
 
-def _split_forwarded(target: type, args: list[str], keys: Sequence[RecipeKey],
+def _split_forwarded(target: Any, args: list[str], keys: Sequence[RecipeKey],
                      forward: Forward | None) -> tuple[list[str], list[str]]:
     """``(the recipe's own arguments, those passed on)``."""
     if forward is None:
@@ -223,7 +220,7 @@ def _split_forwarded(target: type, args: list[str], keys: Sequence[RecipeKey],
             [a for a in args if _arg_key(a).split(".")[0] not in own])
 
 
-def _forwarded_help(forward: Forward) -> str:
+def _forwarded_help(forward: Forward) -> list[str]:
     """The key lines of ``python -m <module> --help``: the keys every launched run accepts."""
     import subprocess
 
@@ -232,8 +229,7 @@ def _forwarded_help(forward: Forward) -> str:
     lines = result.stdout.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith("Keys")), len(lines))
     rows = [line for line in lines[start + 1:] if line.startswith("  ")]
-    return "\n".join(["", "", f"Keys passed on to every python -m {forward.module} run ({forward.field}):", "",
-                      *rows])
+    return ["", f"Keys passed on to every python -m {forward.module} run ({forward.field}):", "", *rows]
 
 
 def _expand_keys(args: list[str], keys: Sequence[RecipeKey]) -> list[str]:
@@ -263,7 +259,7 @@ def _arg_key(arg: str) -> str:
     return match.group(0) if match else arg
 
 
-def _spell_nested_keys(target: type, args: list[str]) -> list[str]:
+def _spell_nested_keys(target: Any, args: list[str]) -> list[str]:
     """``key=value`` for a key that is not a top-level field becomes the wildcard ``...key=value``."""
     top = set(chz.chz_fields(target))
     return [f"...{arg}" if "=" in arg and _arg_key(arg) and "." not in _arg_key(arg) and _arg_key(arg) not in top
@@ -335,6 +331,7 @@ def recipe_help(
     given: Mapping[str, str],
     command: str,
     summary: str = "",
+    passed_on: Sequence[str] = (),
 ) -> str:
     """Every key: its type, its value with the arguments given so far (the default when none), its docstring."""
     problem = ""
@@ -364,6 +361,7 @@ def recipe_help(
         out.append(f"  {row.key}{alias}: {row.type} = {row.default}")
         if row.doc:
             out += textwrap.wrap(row.doc, 100, initial_indent="      ", subsequent_indent="      ")
+    out += passed_on
     out += ["", "Bad input prints one Error: line; TINKER_COOKBOOK_DEBUG=1 shows the traceback instead."]
     if problem:
         out += ["", problem]
