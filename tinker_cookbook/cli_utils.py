@@ -1,12 +1,22 @@
 """Command-line helpers shared by the training loops and recipes.
 
-``run_recipe`` is every recipe's entry point (``python -m recipes.<name> key=value ...``): it builds the recipe's
-config from a chz Blueprint of the config class with the recipe's defaults applied, so every field of the loop's
-config is a command-line key (nested ones by their dotted path, or by their last part when that is not a top-level
-key: ``batch_size=4`` for ``dataset_builder.common_config.batch_size``). ``--help`` lists every key with its type,
-its default and its docstring. Bad input (an unknown key, a value that does not parse, a validator's
-``ValueError``, a cookbook or API error) prints one ``Error: ...`` line and exits 1; ``TINKER_COOKBOOK_DEBUG=1``
-shows the traceback instead.
+``run_recipe`` is every recipe's entry point (``python -m recipes.<name> key=value ...``). A recipe is a chz
+Blueprint of its loop's ``Config`` with the recipe's defaults applied::
+
+    def blueprint(args: Mapping[str, str]) -> chz.Blueprint[train.Config]:
+        return chz.Blueprint(train.Config).apply({"model_name": ..., "dataset_builder": ..., ...})
+
+    if __name__ == "__main__":
+        run_recipe(main, blueprint, [DATASET], name="sl_basic")
+
+(a plain Blueprint when no default depends on the arguments given). ``run_recipe`` does the rest, once for every
+recipe: the process setup (the allocator restart of ``perf_env``), the default ``log_path``
+(``default_log_path(name)``), the command line (every field of the config is a key, nested ones by their dotted
+path, or by their last part when that is not a top-level key: ``batch_size=4`` for
+``dataset_builder.common_config.batch_size``; ``RecipeKey``s add keys that pick defaults or name a field),
+``--help`` (every key with its type, its default and its docstring) and the errors: bad input (an unknown key, a
+value that does not parse, a validator's ``ValueError``, a cookbook or API error) prints one ``Error: ...`` line
+and exits 1; ``TINKER_COOKBOOK_DEBUG=1`` shows the traceback instead.
 
 ``check_log_dir`` applies the policy for a ``log_path`` that already holds a run
 (``behavior_if_log_dir_exists``):

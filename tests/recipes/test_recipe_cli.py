@@ -235,7 +235,10 @@ def test_the_recipe_name_gives_log_path_its_default_under_the_recipes_own_defaul
 def test_a_short_name_key_sets_its_field_and_the_fields_below_it():
     from recipes.preference.dpo import train as dpo
     from tinker_cookbook.preference import train_dpo
-    from tinker_cookbook.preference.preference_datasets import ExampleComparisonBuilder, JsonlComparisonBuilder
+    from tinker_cookbook.preference.preference_datasets import (
+        ExampleComparisonBuilder,
+        JsonlComparisonBuilder,
+    )
 
     made.clear()
 
@@ -318,3 +321,30 @@ def test_every_recipe_runs_through_run_recipe_which_owns_process_setup_and_the_l
     main_block = text.split('if __name__ == "__main__":')[1]
     assert "run_recipe(" in main_block or "runpy.run_module(" in main_block
     assert "reexec_with_fast_malloc" not in text and "tinker-examples" not in text and "sys.argv" not in text
+
+
+PROBE = """
+import chz
+from tinker_cookbook import cli_utils
+from tinker_cookbook.perf_env import fast_malloc_active
+
+@chz.chz
+class Probe:
+    x: int = 1
+
+def main(config: Probe) -> None:
+    print(fast_malloc_active(), config.x)
+
+cli_utils.run_recipe(main, argv={argv})
+"""
+
+
+@pytest.mark.parametrize("argv, restarted", [(None, True), (["x=2"], False)])
+def test_a_command_line_run_restarts_once_with_the_allocator_settings(argv, restarted):
+    from tinker_cookbook.perf_env import FAST_MALLOC_ENV
+
+    env = {k: v for k, v in os.environ.items() if k not in FAST_MALLOC_ENV and k != "TINKER_COOKBOOK_NO_REEXEC"}
+    result = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv), "x=2"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == [str(restarted), "2"]
