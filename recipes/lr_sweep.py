@@ -8,10 +8,11 @@ a plot of their final losses.
     python -m recipes.lr_sweep --help                            # every key (the sl_loop ones too)
 
 The docs' spelling, ``python -m tinker_cookbook.recipes.lr_sweep``, runs this same file. Each point is exactly the
-docs' command ``python -m recipes.sl_loop learning_rate=<lr> log_path=<sweep_dir>/lr-<lr>`` (run in this process,
-one at a time: on a CPU, parallel runs only share the same cores); any ``sl_loop`` key (``model_name=...``,
-``batch_size=...``, ``behavior_if_log_dir_exists=resume``) applies to every point. You can as well launch the points
-yourself, in parallel terminals as the docs do, and run ``collect_only=true`` afterwards.
+docs' command ``python -m recipes.sl_loop learning_rate=<lr> log_path=<sweep_dir>/lr-<lr>`` (run one at a time: on a
+CPU, parallel runs only share the same cores); every other key (``model_name=...``, ``batch_size=...``,
+``behavior_if_log_dir_exists=resume``) is passed on to every point, and the first point stops the sweep with its
+one ``Error:`` line if it is not an ``sl_loop`` key. You can as well launch the points yourself, in parallel
+terminals as the docs do, and run ``collect_only=true`` afterwards.
 
 ``collect`` is the docs' "Collecting Results" snippet: every ``<sweep_dir>/*/metrics.jsonl`` whose run finished
 (last ``progress`` >= 0.98) gives one row: ``learning_rate`` (from the run's ``config.json``), ``final_loss`` (the
@@ -24,24 +25,25 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import chz
 
-from recipes import sl_loop
-from tinker_cookbook.cli_utils import run_recipe
+from tinker_cookbook.cli_utils import Forward, run_recipe
 from tinker_cookbook.exceptions import ConfigurationError
-from tinker_cookbook.perf_env import reexec_with_fast_malloc
 
 DOCS_LEARNING_RATES = [1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3]
 FINISHED_PROGRESS = 0.98  # the docs' test that a run is complete
+POINT = Forward(field="loop_args", module="recipes.sl_loop")
 
 
 @chz.chz
 class Config:
-    """The sweep's settings; ``loop`` holds every ``sl_loop`` key (``model_name=...`` reaches it directly)."""
+    """The sweep's settings; every other key is an ``sl_loop`` key, passed on to each point."""
 
     learning_rates: list[float] = chz.field(default_factory=lambda: list(DOCS_LEARNING_RATES))
     """One sl_loop run per rate (default: the docs' sweep, one order of magnitude either side of ~3e-4)."""
@@ -49,8 +51,8 @@ class Config:
     """Each run writes to <sweep_dir>/lr-<rate>; results.csv and final_loss_vs_lr.png land here."""
     collect_only: bool = False
     """Skip the runs; only collect, tabulate and plot what is already in sweep_dir."""
-    loop: sl_loop.Config = chz.field(default_factory=sl_loop.Config)
-    """The sl_loop settings shared by every point (its learning_rate and log_path are set per point)."""
+    loop_args: list[str] = chz.field(default_factory=list)
+    """The sl_loop key=value arguments shared by every point (its learning_rate and log_path are set per point)."""
 
 
 def run_dir(sweep_dir: str | Path, learning_rate: float) -> Path:
@@ -107,10 +109,18 @@ def write_report(rows: list[dict[str, Any]], sweep_dir: str | Path) -> Path:
     return plot_path
 
 
+def run_point(config: Config, learning_rate: float) -> None:
+    """The docs' command for one point; a run that fails ends the sweep with its exit status (it has said why)."""
+    args = [*config.loop_args, f"learning_rate={learning_rate}", f"log_path={run_dir(config.sweep_dir, learning_rate)}"]
+    result = subprocess.run([sys.executable, "-m", POINT.module, *args], check=False)
+    if result.returncode != 0:
+        raise SystemExit(result.returncode)
+
+
 def main(config: Config) -> None:
     if not config.collect_only:
         for lr in config.learning_rates:
-            sl_loop.main(chz.replace(config.loop, learning_rate=lr, log_path=str(run_dir(config.sweep_dir, lr))))
+            run_point(config, lr)
     rows = collect(config.sweep_dir)
     if not rows:
         raise ConfigurationError(f"sweep_dir={config.sweep_dir!r} holds no finished run (metrics.jsonl whose last "
@@ -119,5 +129,4 @@ def main(config: Config) -> None:
 
 
 if __name__ == "__main__":
-    reexec_with_fast_malloc()
-    run_recipe(main)
+    run_recipe(main, forward=POINT)

@@ -14,7 +14,6 @@ import numpy as np
 
 from tinker_cookbook import tinker
 from tinker_cookbook.cli_utils import run_recipe
-from tinker_cookbook.perf_env import reexec_with_fast_malloc
 from tinker_cookbook.tinker import types
 
 EXAMPLES = [
@@ -90,5 +89,4 @@ def main(config: Config) -> list[float]:
 
 
 if __name__ == "__main__":
-    reexec_with_fast_malloc()
     run_recipe(main)

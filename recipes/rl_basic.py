@@ -20,19 +20,13 @@ part, ``group_size=...``), plus ``env``, which picks the dataset builder. Writes
 from __future__ import annotations
 
 import asyncio
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
-from chz.blueprint import Reference
+import chz
 
 from tinker_cookbook.cli_utils import RecipeKey, run_recipe
-from tinker_cookbook.exceptions import ConfigurationError
-from tinker_cookbook.perf_env import reexec_with_fast_malloc
 from tinker_cookbook.rl import train
-from tinker_cookbook.rl.arithmetic_env import ArithmeticDatasetBuilder
-from tinker_cookbook.rl.math_env import Gsm8kDatasetBuilder
+from tinker_cookbook.rl.recipe_defaults import env_defaults, small_model_rl
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 ENV = RecipeKey(
@@ -40,43 +34,15 @@ ENV = RecipeKey(
     "Picks dataset_builder and its settings: 'arithmetic' (additions of 0..max_operand, 12 batches) or 'gsm8k' "
     "(grade-school word problems: generated offline, or the real set with source=hub).",
 )
-ENV_DEFAULTS: dict[str, dict[str, Any]] = {
-    "arithmetic": {"dataset_builder": ArithmeticDatasetBuilder, "dataset_builder.n_batches": 12,
-                   "dataset_builder.max_operand": 9},
-    "gsm8k": {"dataset_builder": Gsm8kDatasetBuilder},
-}
 
 
-def default_log_path(name: str) -> str:
-    return str(Path(tempfile.gettempdir()) / "tinker-examples" / name)
-
-
-def defaults(args: Mapping[str, str]) -> dict[str, Any]:
-    """The recipe's defaults over ``train.Config``; the dataset follows ``model_name``, ``renderer_name``, ``seed``."""
-    from tinker_cookbook import model_info
-
-    env = args.get(ENV.name, ENV.default)
-    if env not in ENV_DEFAULTS:
-        raise ConfigurationError(f"env={env!r} is not an environment of rl_basic; use one of {list(ENV_DEFAULTS)}")
-    model = args.get("model_name", DEFAULT_MODEL)
-    values: dict[str, Any] = {
-        "model_name": model,
-        "learning_rate": 3e-4,
-        "max_tokens": 8,
-        "log_path": default_log_path("rl_basic"),
-        "remove_constant_reward_groups": True,
-        "eval_every": 0,
-        "seed": 0,
-        **ENV_DEFAULTS[env],
-        "dataset_builder.batch_size": 8,
-        "dataset_builder.group_size": 8,
-        "dataset_builder.model_name_for_tokenizer": Reference("model_name"),
-        "dataset_builder.renderer_name": Reference("renderer_name"),
-        "dataset_builder.seed": Reference("seed"),
-    }
-    if "renderer_name" not in args:  # only when not given: a model without a recommendation works with a value
-        values["renderer_name"] = model_info.get_recommended_renderer_name(model)
-    return values
+def blueprint(args: Mapping[str, str]) -> chz.Blueprint[train.Config]:
+    """The loop's Config with this recipe's defaults; the dataset follows ``model_name``, ``renderer_name``,
+    ``seed``."""
+    return chz.Blueprint(train.Config).apply({
+        **small_model_rl(args, args.get("model_name", DEFAULT_MODEL)),
+        **env_defaults(args.get(ENV.name, ENV.default), "rl_basic"),
+    }, layer_name="rl_basic defaults")
 
 
 def main(config: train.Config) -> None:
@@ -84,5 +50,4 @@ def main(config: train.Config) -> None:
 
 
 if __name__ == "__main__":
-    reexec_with_fast_malloc()
-    run_recipe(main, defaults, [ENV])
+    run_recipe(main, blueprint, [ENV], name="rl_basic")

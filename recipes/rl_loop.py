@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import random
 import re
-import tempfile
 import time
-from pathlib import Path
 
 import chz
 import numpy as np
 
 from tinker_cookbook import checkpoint_utils, renderers, tinker
 from tinker_cookbook.cli_utils import LogdirBehavior, run_recipe
-from tinker_cookbook.perf_env import reexec_with_fast_malloc
 from tinker_cookbook.utils import ml_log
 
 FEWSHOT: list[renderers.Message] = [
@@ -41,7 +38,7 @@ class Config:
     """The base model the LoRA adapter is trained on."""
     renderer_name: str | None = None
     """None: the model's recommended renderer."""
-    log_path: str = chz.field(default_factory=lambda: str(Path(tempfile.gettempdir()) / "tinker-examples" / "rl-loop"))
+    log_path: str
     """Where the run writes metrics.jsonl, checkpoints.jsonl and config.json."""
     batch_size: int = 8
     """Questions per step."""
@@ -163,5 +160,4 @@ def main(config: Config) -> None:
 
 
 if __name__ == "__main__":
-    reexec_with_fast_malloc()
-    run_recipe(main)
+    run_recipe(main, name="rl-loop")

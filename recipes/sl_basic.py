@@ -21,20 +21,13 @@ without a terminal it stops instead of asking.
 from __future__ import annotations
 
 import asyncio
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 import chz
-from chz.blueprint import Reference
 
-from tinker_cookbook import hyperparam_utils
 from tinker_cookbook.cli_utils import RecipeKey, run_recipe
-from tinker_cookbook.perf_env import reexec_with_fast_malloc
 from tinker_cookbook.supervised import train
-from tinker_cookbook.supervised.chat_datasets import get_chat_dataset_builder
-from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig, resolve_renderer_name
+from tinker_cookbook.supervised.recipe_defaults import chat_sft
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DATASET = RecipeKey(
@@ -43,50 +36,15 @@ DATASET = RecipeKey(
     "a .jsonl file of {\"messages\": [...]} rows, 'HuggingFaceH4/no_robots' or 'tulu3' (these two need the hub "
     "or its cache).",
 )
-COMMON = "dataset_builder.common_config."
 
 
-def default_log_path(name: str) -> str:
-    return str(Path(tempfile.gettempdir()) / "tinker-examples" / name)
-
-
-def dataset_defaults(name: str) -> dict[str, Any]:
-    """``dataset_builder`` and its own settings for a dataset name, as ``get_chat_dataset_builder`` chooses them."""
-    placeholder = ChatDatasetBuilderCommonConfig(model_name_for_tokenizer="", batch_size=1)
-    builder = get_chat_dataset_builder(name, placeholder)
-    values: dict[str, Any] = {"dataset_builder": type(builder)}
-    values.update({f"dataset_builder.{key}": getattr(builder, key)
-                   for key in chz.chz_fields(type(builder)) if key != "common_config"})
-    return values
-
-
-def defaults(args: Mapping[str, str]) -> dict[str, Any]:
-    """The recipe's defaults over ``train.Config``; the model-dependent ones follow ``model_name``."""
+def blueprint(args: Mapping[str, str]) -> chz.Blueprint[train.Config]:
+    """The loop's Config with this recipe's defaults; the model-dependent ones follow ``model_name`` as given."""
     model = args.get("model_name", DEFAULT_MODEL)
-    values: dict[str, Any] = {
-        "model_name": model,
+    return chz.Blueprint(train.Config).apply({
+        **chat_sft(args, model, args.get(DATASET.name, DATASET.default)),
         "recipe_name": "sl_basic",
-        "log_path": default_log_path("sl_basic"),
-        "eval_every": 6,
-        "save_every": 8,
-        **dataset_defaults(args.get(DATASET.name, DATASET.default)),
-        COMMON + "model_name_for_tokenizer": Reference("model_name"),
-        COMMON + "renderer_name": Reference("renderer_name"),
-        COMMON + "batch_size": 16,
-        COMMON + "max_length": 256,
-    }
-    return {**values, **model_dependent_defaults(args, model)}
-
-
-def model_dependent_defaults(args: Mapping[str, str], model: str) -> dict[str, Any]:
-    """``renderer_name`` and ``learning_rate`` for ``model``, each only when not given on the command line (so a
-    model without a recommendation or known dimensions works with explicit values)."""
-    values: dict[str, Any] = {}
-    if "renderer_name" not in args:
-        values["renderer_name"] = resolve_renderer_name(model, None)
-    if "learning_rate" not in args:
-        values["learning_rate"] = hyperparam_utils.get_lr(model)
-    return values
+    }, layer_name="sl_basic defaults")
 
 
 def main(config: train.Config) -> None:
@@ -94,5 +52,4 @@ def main(config: train.Config) -> None:
 
 
 if __name__ == "__main__":
-    reexec_with_fast_malloc()
-    run_recipe(main, defaults, [DATASET])
+    run_recipe(main, blueprint, [DATASET], name="sl_basic")

@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 import time
-from pathlib import Path
 
 import chz
 import numpy as np
 
 from tinker_cookbook import checkpoint_utils, cli_utils, hyperparam_utils, renderers, tinker
 from tinker_cookbook.cli_utils import run_recipe
-from tinker_cookbook.perf_env import reexec_with_fast_malloc
 from tinker_cookbook.supervised.chat_datasets import example_conversations_path
 from tinker_cookbook.supervised.types import resolve_renderer_name
 from tinker_cookbook.tinker import types
@@ -44,7 +41,7 @@ class Config:
     """A JSONL file with one ``{"messages": [...]}`` conversation per line (default: the project's example data)."""
     test_size: int = 48
     """Conversations held out to measure ``test/nll``."""
-    log_path: str = chz.field(default_factory=lambda: str(Path(tempfile.gettempdir()) / "tinker-examples" / "sl_loop"))
+    log_path: str
     """Where the run writes metrics.jsonl, checkpoints.jsonl and config.json."""
     renderer_name: str | None = None
     """None: the model's recommended renderer."""
@@ -189,5 +186,4 @@ def main(config: Config) -> None:
 
 
 if __name__ == "__main__":
-    reexec_with_fast_malloc()
-    run_recipe(main)
+    run_recipe(main, name="sl_loop")

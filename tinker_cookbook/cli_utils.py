@@ -1,12 +1,22 @@
 """Command-line helpers shared by the training loops and recipes.
 
-``run_recipe`` is every recipe's entry point (``python -m recipes.<name> key=value ...``): it builds the recipe's
-config from a chz Blueprint of the config class with the recipe's defaults applied, so every field of the loop's
-config is a command-line key (nested ones by their dotted path, or by their last part when that is not a top-level
-key: ``batch_size=4`` for ``dataset_builder.common_config.batch_size``). ``--help`` lists every key with its type,
-its default and its docstring. Bad input (an unknown key, a value that does not parse, a validator's
-``ValueError``, a cookbook or API error) prints one ``Error: ...`` line and exits 1; ``TINKER_COOKBOOK_DEBUG=1``
-shows the traceback instead.
+``run_recipe`` is every recipe's entry point (``python -m recipes.<name> key=value ...``). A recipe is a chz
+Blueprint of its loop's ``Config`` with the recipe's defaults applied::
+
+    def blueprint(args: Mapping[str, str]) -> chz.Blueprint[train.Config]:
+        return chz.Blueprint(train.Config).apply({"model_name": ..., "dataset_builder": ..., ...})
+
+    if __name__ == "__main__":
+        run_recipe(main, blueprint, [DATASET], name="sl_basic")
+
+(a plain Blueprint when no default depends on the arguments given). ``run_recipe`` does the rest, once for every
+recipe: the process setup (the allocator restart of ``perf_env``), the default ``log_path``
+(``default_log_path(name)``), the command line (every field of the config is a key, nested ones by their dotted
+path, or by their last part when that is not a top-level key: ``batch_size=4`` for
+``dataset_builder.common_config.batch_size``; ``RecipeKey``s add keys that pick defaults or name a field),
+``--help`` (every key with its type, its default and its docstring) and the errors: bad input (an unknown key, a
+value that does not parse, a validator's ``ValueError``, a cookbook or API error) prints one ``Error: ...`` line
+and exits 1; ``TINKER_COOKBOOK_DEBUG=1`` shows the traceback instead.
 
 ``check_log_dir`` applies the policy for a ``log_path`` that already holds a run
 (``behavior_if_log_dir_exists``):
@@ -29,6 +39,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -114,51 +125,74 @@ HELP_FLAGS = ("--help", "-h")
 CHZ_ARGUMENT_ERRORS = (ExtraneousBlueprintArg, InvalidBlueprintArg, MissingBlueprintArg, ConstructionException)
 
 
+def default_log_path(recipe: str) -> str:
+    """Where a recipe writes its run unless given ``log_path``: ``<tmp>/tinker-examples/<recipe>``."""
+    return str(Path(tempfile.gettempdir()) / "tinker-examples" / recipe)
+
+
 @dataclass(frozen=True)
 class RecipeKey:
     """A command-line key of a recipe that is not a config field: its value chooses the recipe's defaults
-    (``dataset=...`` picks the dataset builder and its settings)."""
+    (``dataset=...`` picks the dataset builder and its settings), or, with ``short_for``, it names a config field
+    (``dataset=hhh`` sets ``<short_for>=hhh`` and ``dataset.<field>=...`` sets ``<short_for>.<field>=...``)."""
 
     name: str
     default: str
     doc: str
+    short_for: str | None = None
 
 
-Defaults: TypeAlias = Callable[[Mapping[str, str]], Mapping[str, Any]] | Mapping[str, Any] | chz.Blueprint[Any]
-"""The recipe's defaults: ``{key: value}``, or a function that computes them from the ``key=value`` arguments as
-given (so they can depend on ``model_name`` or a ``RecipeKey``), or a Blueprint with them applied. Values may be
-``chz.blueprint.Reference("key")`` to follow another key."""
+Defaults: TypeAlias = chz.Blueprint[Any] | Callable[[Mapping[str, str]], chz.Blueprint[Any]]
+"""The recipe's defaults: ``chz.Blueprint(Config).apply({...})``, or a function of the ``key=value`` arguments as
+given that returns one (for defaults that follow what is given: the model's learning rate, the dataset a
+``RecipeKey`` picks). Values may be ``chz.blueprint.Reference("key")`` to follow another key."""
+
+
+@dataclass(frozen=True)
+class Forward:
+    """Keys that a recipe passes on to the runs of another recipe that it launches (a sweep's points): every
+    ``key=value`` that is not the recipe's own lands, as given, in the config's ``field`` (a ``list[str]``);
+    ``--help`` lists them from ``python -m <module> --help``, and each run checks them."""
+
+    field: str
+    module: str
 
 
 def run_recipe(
     main: Callable[[ConfigT], object],
     defaults: Defaults | None = None,
-    recipe_keys: Sequence[RecipeKey] = (),
+    keys: Sequence[RecipeKey] = (),
+    *,
+    name: str | None = None,
+    forward: Forward | None = None,
     argv: Sequence[str] | None = None,
 ) -> None:
-    """Build ``main``'s config from ``argv`` (default ``sys.argv[1:]``) over ``defaults`` and call ``main`` with it.
+    """Every recipe's entry point: build ``main``'s config from the command line over the recipe's defaults, and
+    call ``main`` with it.
 
-    The config class is ``main``'s parameter annotation; the config is
-    ``chz.Blueprint(Config).apply(defaults(args)).make_from_argv(argv)``, after ``recipe_keys`` are taken out of
-    ``argv`` and bare nested keys are spelled as chz wildcards (``batch_size=4`` -> ``...batch_size=4``).
+    The config is ``defaults`` (``chz.Blueprint(Config)`` when None, Config being ``main``'s parameter
+    annotation) with ``argv`` applied as chz does in ``make_from_argv``, after ``keys`` are taken out (or
+    expanded) and bare nested keys are spelled as chz wildcards (``batch_size=4`` -> ``...batch_size=4``).
+    ``name`` gives ``log_path`` its default, ``default_log_path(name)``. With ``argv`` None (a real command line:
+    ``sys.argv[1:]``) the process first restarts once with the allocator settings of ``perf_env``.
     """
+    if argv is None:
+        from tinker_cookbook.perf_env import reexec_with_fast_malloc
+
+        reexec_with_fast_malloc()
     args = list(sys.argv[1:] if argv is None else argv)
     wants_help = any(a in HELP_FLAGS for a in args)
     args = [a for a in args if a not in HELP_FLAGS]
     given = dict(a.split("=", 1) for a in args if "=" in a)
-    target = chz.get_nested_target(main)
-    chz_args = _spell_nested_keys(target, [a for a in args if _arg_key(a) not in {k.name for k in recipe_keys}])
     try:
-        applied: Mapping[str, Any] = {}
-        if isinstance(defaults, chz.Blueprint):
-            base = defaults.clone()
-        else:
-            applied = defaults(given) if callable(defaults) else dict(defaults or {})
-            base = chz.Blueprint(target).apply(applied, layer_name="recipe defaults")
-        blueprint = base.clone().apply_from_argv(chz_args)
+        base = _recipe_blueprint(main, defaults, given, name)
+        args, forwarded = _split_forwarded(base.target, args, keys, forward)
+        if forward is not None:
+            base = base.apply({forward.field: forwarded}, layer_name="passed on")
+        blueprint = base.clone().apply_from_argv(_spell_nested_keys(base.target, _expand_keys(args, keys)))
         if wants_help:
-            help_text = recipe_help(blueprint, base, applied, recipe_keys, given, _command_name(main), _summary(main))
-            _print_help(help_text)
+            passed_on = _forwarded_help(forward) if forward is not None else []
+            _print_help(recipe_help(blueprint, base, keys, given, _command_name(main), _summary(main), passed_on))
             return
         config = blueprint.make()
     except (ValueError, *CHZ_ARGUMENT_ERRORS) as exc:  # validators raise ValueError; chz: keys and values
@@ -173,6 +207,56 @@ def run_recipe(
         raise
 
 
+def _recipe_blueprint(main: Callable[..., object], defaults: Defaults | None, given: Mapping[str, str],
+                      name: str | None) -> chz.Blueprint[Any]:
+    """The recipe's defaults (``chz.Blueprint`` of ``main``'s config when None) over the default log path."""
+    if defaults is None:
+        recipe = chz.Blueprint(chz.get_nested_target(main))
+    else:
+        recipe = defaults.clone() if isinstance(defaults, chz.Blueprint) else defaults(given)
+    if name is None or "log_path" not in chz.chz_fields(recipe.target):
+        return recipe
+    base = chz.Blueprint(recipe.target).apply({"log_path": default_log_path(name)}, layer_name="default log path")
+    return base.apply(recipe)
+
+
+def _split_forwarded(target: Any, args: list[str], keys: Sequence[RecipeKey],
+                     forward: Forward | None) -> tuple[list[str], list[str]]:
+    """``(the recipe's own arguments, those passed on)``."""
+    if forward is None:
+        return args, []
+    own = {*chz.chz_fields(target), *(k.name for k in keys)}
+    return ([a for a in args if _arg_key(a).split(".")[0] in own],
+            [a for a in args if _arg_key(a).split(".")[0] not in own])
+
+
+def _forwarded_help(forward: Forward) -> list[str]:
+    """The key lines of ``python -m <module> --help``: the keys every launched run accepts."""
+    import subprocess
+
+    result = subprocess.run([sys.executable, "-m", forward.module, "--help"], capture_output=True, text=True,
+                            check=False, env={**os.environ, "TINKER_COOKBOOK_NO_REEXEC": "1"})
+    lines = result.stdout.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("Keys")), len(lines))
+    rows = [line for line in lines[start + 1:] if line.startswith("  ")]
+    return ["", f"Keys passed on to every python -m {forward.module} run ({forward.field}):", "", *rows]
+
+
+def _expand_keys(args: list[str], keys: Sequence[RecipeKey]) -> list[str]:
+    """Recipe keys out: ``short_for`` ones spelled as their field (``dataset.x=1`` -> ``<short_for>.x=1``)."""
+    short = {k.name: k.short_for for k in keys if k.short_for}
+    names = {k.name for k in keys}
+    expanded = []
+    for arg in args:
+        key = _arg_key(arg)
+        head, dot, rest = key.partition(".")
+        if head in short:
+            expanded.append(f"{short[head]}{dot}{rest}{arg[len(key):]}")
+        elif key not in names:
+            expanded.append(arg)
+    return expanded
+
+
 def _print_help(text: str) -> None:
     try:
         print(text, flush=True)
@@ -185,7 +269,7 @@ def _arg_key(arg: str) -> str:
     return match.group(0) if match else arg
 
 
-def _spell_nested_keys(target: type, args: list[str]) -> list[str]:
+def _spell_nested_keys(target: Any, args: list[str]) -> list[str]:
     """``key=value`` for a key that is not a top-level field becomes the wildcard ``...key=value``."""
     top = set(chz.chz_fields(target))
     return [f"...{arg}" if "=" in arg and _arg_key(arg) and "." not in _arg_key(arg) and _arg_key(arg) not in top
@@ -253,11 +337,11 @@ class _HelpRow:
 def recipe_help(
     blueprint: chz.Blueprint[Any],
     defaults_only: chz.Blueprint[Any],
-    applied: Mapping[str, Any],
     recipe_keys: Sequence[RecipeKey],
     given: Mapping[str, str],
     command: str,
     summary: str = "",
+    passed_on: Sequence[str] = (),
 ) -> str:
     """Every key: its type, its value with the arguments given so far (the default when none), its docstring."""
     problem = ""
@@ -270,7 +354,7 @@ def recipe_help(
         except Exception:  # noqa: BLE001 - required keys without defaults: chz's own listing says which
             return blueprint.get_help()
     rows = [_HelpRow(k.name, "str", repr(given.get(k.name, k.default)), k.doc) for k in recipe_keys]
-    follows = {path: value.ref for path, value in applied.items() if isinstance(value, Reference)}
+    follows = _references(defaults_only)
     rows += _config_rows(config, "", follows)
     short = _short_keys([r.key for r in rows], set(chz.chz_fields(type(config))))
     out = [f"Usage: {command} [key=value ...]", ""]
@@ -287,10 +371,25 @@ def recipe_help(
         out.append(f"  {row.key}{alias}: {row.type} = {row.default}")
         if row.doc:
             out += textwrap.wrap(row.doc, 100, initial_indent="      ", subsequent_indent="      ")
+    out += passed_on
     out += ["", "Bad input prints one Error: line; TINKER_COOKBOOK_DEBUG=1 shows the traceback instead."]
     if problem:
         out += ["", problem]
     return "\n".join(out)
+
+
+def _references(blueprint: chz.Blueprint[Any]) -> dict[str, str]:
+    """``{key: the key it follows}`` for the defaults that are ``Reference``s, a later layer overriding an earlier
+    one. chz keeps the applied values in its argument map's layers and has no public reader for them, so this
+    reads them defensively: without them --help only loses its "(follows ...)" notes."""
+    follows: dict[str, str] = {}
+    for layer in getattr(getattr(blueprint, "_arg_map", None), "_layers", []):
+        for key, value in getattr(layer, "qualified", {}).items():
+            if isinstance(value, Reference):
+                follows[key] = value.ref
+            else:
+                follows.pop(key, None)
+    return follows
 
 
 def _config_rows(config: Any, prefix: str, follows: Mapping[str, str]) -> list[_HelpRow]:

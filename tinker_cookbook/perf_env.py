@@ -3,7 +3,8 @@
 glibc's default malloc returns freed memory to the OS eagerly, so every training step page-faults its
 activations in again; on the machines we measured this made LoRA training 2.6x and fp32 decoding 3-5x slower.
 The settings must be in the environment when the process starts, so ``reexec_with_fast_malloc()`` restarts the
-interpreter once with them (recipes call it first). Set ``TINKER_COOKBOOK_NO_REEXEC=1`` to opt out.
+interpreter once with them (``cli_utils.run_recipe`` calls it first, for every recipe). Set
+``TINKER_COOKBOOK_NO_REEXEC=1`` to opt out.
 """
 
 from __future__ import annotations

@@ -14,21 +14,23 @@ The docs' spelling, ``python -m tinker_cookbook.recipes.chat_sl.train``, runs th
 The hub datasets need the Hugging Face hub or a copy in its local cache: offline, ``dataset=no_robots`` stops within
 seconds with one ``Error:`` line that names the offline alternatives instead of retrying. The default,
 ``dataset=example``, is the project's conversations (works offline). Hub rows that cannot train (no assistant
-tokens within ``max_length``) are skipped. Keys, files written and resuming are those of ``recipes.sl_basic``; this
-recipe differs only in its name, its log directory and the official cookbook's schedule (linear decay).
+tokens within ``max_length``) are skipped. Keys, files written and resuming are those of ``recipes.sl_basic`` (the same defaults,
+``tinker_cookbook.supervised.recipe_defaults.chat_sft``); this recipe differs only in its name, its log directory
+and the official cookbook's schedule (linear decay).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any
 
-from recipes import sl_basic
+import chz
+
 from tinker_cookbook.cli_utils import RecipeKey, run_recipe
-from tinker_cookbook.perf_env import reexec_with_fast_malloc
 from tinker_cookbook.supervised import train
+from tinker_cookbook.supervised.recipe_defaults import chat_sft
 
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DATASET = RecipeKey(
     "dataset", "example",
     "Picks dataset_builder and its settings: 'example' (the project's conversations, works offline), "
@@ -37,15 +39,14 @@ DATASET = RecipeKey(
 )
 
 
-def defaults(args: Mapping[str, str]) -> dict[str, Any]:
-    """``recipes.sl_basic``'s defaults under this recipe's name and log directory."""
-    values = dict(sl_basic.defaults(args))
-    values.update({
+def blueprint(args: Mapping[str, str]) -> chz.Blueprint[train.Config]:
+    """The chat fine-tuning defaults of ``sl_basic`` under this recipe's name, with a linear decay."""
+    model = args.get("model_name", DEFAULT_MODEL)
+    return chz.Blueprint(train.Config).apply({
+        **chat_sft(args, model, args.get(DATASET.name, DATASET.default)),
         "recipe_name": "chat_sl",
-        "log_path": sl_basic.default_log_path("chat_sl"),
         "lr_schedule": "linear",
-    })
-    return values
+    }, layer_name="chat_sl defaults")
 
 
 def main(config: train.Config) -> None:
@@ -53,5 +54,4 @@ def main(config: train.Config) -> None:
 
 
 if __name__ == "__main__":
-    reexec_with_fast_malloc()
-    run_recipe(main, defaults, [DATASET])
+    run_recipe(main, blueprint, [DATASET], name="chat_sl")

@@ -17,46 +17,39 @@ is found or the turns run out; reward 1 for finding it, ``-format_penalty`` for 
 from __future__ import annotations
 
 import asyncio
-import tempfile
-from pathlib import Path
-from typing import Any
 
 import chz
 from chz.blueprint import Reference
 
 from tinker_cookbook.cli_utils import run_recipe
-from tinker_cookbook.perf_env import reexec_with_fast_malloc
 from tinker_cookbook.rl import train
 from tinker_cookbook.rl.multiturn.guess_number import GuessNumberDatasetBuilder
-
-DEFAULTS: dict[str, Any] = {
-    "model_name": "HuggingFaceTB/SmolLM2-135M-Instruct",
-    "renderer_name": None,
-    "dataset_builder": GuessNumberDatasetBuilder,
-    "dataset_builder.model_name_for_tokenizer": Reference("model_name"),
-    "dataset_builder.renderer_name": Reference("renderer_name"),
-    "dataset_builder.batch_size": 4,
-    "dataset_builder.group_size": 4,
-    "dataset_builder.n_batches": 20,
-    "dataset_builder.low": 1,
-    "dataset_builder.high": 10,
-    "dataset_builder.max_turns": 5,
-    "dataset_builder.format_penalty": 0.2,
-    "dataset_builder.n_test_games": 8,
-    "dataset_builder.test_group_size": 2,
-    "learning_rate": 1e-4,
-    "max_tokens": 10,
-    "remove_constant_reward_groups": True,
-    "eval_every": 5,
-    "save_every": 12,
-    "log_path": str(Path(tempfile.gettempdir()) / "tinker-examples" / "guess_number"),
-    "behavior_if_log_dir_exists": "ask",
-}
 
 
 def blueprint() -> chz.Blueprint[train.Config]:
     """The loop's Config with this recipe's defaults applied (apply more, or ``make_from_argv``)."""
-    return chz.Blueprint(train.Config).apply(DEFAULTS, layer_name="guess_number defaults")
+    return chz.Blueprint(train.Config).apply({
+        "model_name": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "renderer_name": None,
+        "dataset_builder": GuessNumberDatasetBuilder,
+        "dataset_builder.model_name_for_tokenizer": Reference("model_name"),
+        "dataset_builder.renderer_name": Reference("renderer_name"),
+        "dataset_builder.batch_size": 4,
+        "dataset_builder.group_size": 4,
+        "dataset_builder.n_batches": 20,
+        "dataset_builder.low": 1,
+        "dataset_builder.high": 10,
+        "dataset_builder.max_turns": 5,
+        "dataset_builder.format_penalty": 0.2,
+        "dataset_builder.n_test_games": 8,
+        "dataset_builder.test_group_size": 2,
+        "learning_rate": 1e-4,
+        "max_tokens": 10,
+        "remove_constant_reward_groups": True,
+        "eval_every": 5,
+        "save_every": 12,
+        "behavior_if_log_dir_exists": "ask",
+    }, layer_name="guess_number defaults")
 
 
 def main(config: train.Config) -> None:
@@ -64,5 +57,4 @@ def main(config: train.Config) -> None:
 
 
 if __name__ == "__main__":
-    reexec_with_fast_malloc()
-    run_recipe(main, defaults=blueprint())
+    run_recipe(main, blueprint(), name="guess_number")

@@ -13,8 +13,8 @@ The docs' spelling, ``python -m tinker_cookbook.recipes.math_rl.train``, runs th
 Default: grade-school word problems generated offline in GSM8K's format (``tinker_cookbook.rl.math_env``), 160
 training problems = 20 iterations of 8 problems x 4 samples, a few solved examples first; the reply must end in
 ``\\boxed{answer}``; reward = correct - 0.1 * (no boxed answer). 64 held-out problems measure ``test/env/all/correct``
-at the start and the end. Keys and files are those of ``recipes.rl_basic`` (``env`` picks the dataset builder);
-this recipe differs in its defaults: GSM8K first, longer replies, and its own log directory.
+at the start and the end. Keys and files are those of ``recipes.rl_basic`` (``env`` picks the dataset builder; the shared
+defaults are ``tinker_cookbook.rl.recipe_defaults``); this recipe differs in its defaults: GSM8K first, longer replies, and its own log directory.
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from recipes import rl_basic
-from tinker_cookbook.cli_utils import RecipeKey, run_recipe
-from tinker_cookbook.perf_env import reexec_with_fast_malloc
-from tinker_cookbook.rl import train
+import chz
 
+from tinker_cookbook.cli_utils import RecipeKey, run_recipe
+from tinker_cookbook.rl import train
+from tinker_cookbook.rl.recipe_defaults import env_defaults, small_model_rl
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 ENV = RecipeKey(
     "env", "gsm8k",
     "Picks dataset_builder and its settings: 'gsm8k' (grade-school word problems: generated offline, or the real "
@@ -42,14 +44,14 @@ GSM8K_DEFAULTS: dict[str, Any] = {
 }
 
 
-def defaults(args: Mapping[str, str]) -> dict[str, Any]:
-    """``recipes.rl_basic``'s defaults for the chosen env, with GSM8K's own on top."""
+def blueprint(args: Mapping[str, str]) -> chz.Blueprint[train.Config]:
+    """``rl_basic``'s defaults for the chosen env, with GSM8K's own on top."""
     env = args.get(ENV.name, ENV.default)
-    values = dict(rl_basic.defaults({**args, rl_basic.ENV.name: env}))
-    values["log_path"] = rl_basic.default_log_path("math_rl")
-    if env == "gsm8k":
-        values.update(GSM8K_DEFAULTS)
-    return values
+    return chz.Blueprint(train.Config).apply({
+        **small_model_rl(args, args.get("model_name", DEFAULT_MODEL)),
+        **env_defaults(env, "math_rl"),
+        **(GSM8K_DEFAULTS if env == "gsm8k" else {}),
+    }, layer_name="math_rl defaults")
 
 
 def main(config: train.Config) -> None:
@@ -57,5 +59,4 @@ def main(config: train.Config) -> None:
 
 
 if __name__ == "__main__":
-    reexec_with_fast_malloc()
-    run_recipe(main, defaults, [ENV])
+    run_recipe(main, blueprint, [ENV], name="math_rl")

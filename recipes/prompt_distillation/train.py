@@ -10,7 +10,7 @@ the shared supervised loop, and measure how often it follows the prompt's behavi
 The docs' spelling, ``python -m tinker_cookbook.recipes.prompt_distillation.train``, runs this same file.
 
 The student sees only the sentence (no system prompt). At step 0 (the untrained model) and at the end, it answers
-the held-out sentences of ``create_data.split("held_out")`` greedily, and the loop logs to ``metrics.jsonl``:
+the held-out sentences of ``task.split("held_out")`` greedily, and the loop logs to ``metrics.jsonl``:
 ``held_out/follow_rate`` (the reply is exactly one language code, the behaviour the prompt asked for),
 ``held_out/accuracy`` (the reply is the right code) and ``held_out/label_rate`` (the reply starts with a code).
 The final figures are printed at the end. Other keys and files are those of ``recipes.sl_basic``.
@@ -22,24 +22,20 @@ import asyncio
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import chz
-from chz.blueprint import Reference
 
-from recipes import sl_basic
-from recipes.prompt_distillation import create_data
+from recipes.prompt_distillation import task
 from tinker_cookbook import renderers, tinker
 from tinker_cookbook.cli_utils import run_recipe
 from tinker_cookbook.eval.evaluators import SamplingClientEvaluator
 from tinker_cookbook.exceptions import ConfigurationError
-from tinker_cookbook.perf_env import reexec_with_fast_malloc
 from tinker_cookbook.supervised import train
 from tinker_cookbook.supervised.data import FromConversationFileBuilder
+from tinker_cookbook.supervised.recipe_defaults import COMMON, follow_the_model
 from tinker_cookbook.supervised.types import resolve_renderer_name
 from tinker_cookbook.tokenizer_utils import get_tokenizer
 
-COMMON = "dataset_builder.common_config."
 METRICS = ("held_out/follow_rate", "held_out/accuracy", "held_out/label_rate")
 
 
@@ -49,7 +45,7 @@ class FollowRateEvaluator(SamplingClientEvaluator):
     def __init__(self, model_name: str, renderer_name: str, max_tokens: int = 8) -> None:
         self.renderer = renderers.get_renderer(renderer_name, get_tokenizer(model_name), model_name=model_name)
         self.max_tokens = max_tokens
-        self.examples = create_data.split("held_out")
+        self.examples = task.split("held_out")
 
     async def _reply(self, sampling_client: tinker.SamplingClient, sentence: str) -> str:
         params = tinker.SamplingParams(max_tokens=self.max_tokens, temperature=0.0,
@@ -62,9 +58,9 @@ class FollowRateEvaluator(SamplingClientEvaluator):
         replies = await asyncio.gather(*(self._reply(sampling_client, s) for s, _ in self.examples))
         n = len(self.examples)
         return {
-            "held_out/follow_rate": sum(map(create_data.follows, replies)) / n,
+            "held_out/follow_rate": sum(map(task.follows, replies)) / n,
             "held_out/accuracy": sum(r.strip() == code for r, (_, code) in zip(replies, self.examples, strict=True)) / n,
-            "held_out/label_rate": sum(create_data.reply_label(r) is not None for r in replies) / n,
+            "held_out/label_rate": sum(task.reply_label(r) is not None for r in replies) / n,
         }
 
 
@@ -77,23 +73,21 @@ class FollowRateEvaluatorBuilder:
         return FollowRateEvaluator(self.model_name, self.renderer_name)
 
 
-def defaults(args: Mapping[str, str]) -> dict[str, Any]:
-    model = args.get("model_name", create_data.DEFAULT_MODEL)
-    values: dict[str, Any] = {
+def blueprint(args: Mapping[str, str]) -> chz.Blueprint[train.Config]:
+    """The loop's Config with this recipe's defaults; the model-dependent ones follow ``model_name`` as given."""
+    model = args.get("model_name", task.DEFAULT_MODEL)
+    return chz.Blueprint(train.Config).apply({
         "model_name": model,
         "recipe_name": "prompt_distillation",
-        "log_path": sl_basic.default_log_path("prompt_distillation"),
         "num_epochs": 4,
         "eval_every": 1000,  # the behaviour is measured on the untrained model (step 0) and at the end
         "save_every": 0,
         "dataset_builder": FromConversationFileBuilder,
-        "dataset_builder.file_path": create_data.default_output_file(),
-        COMMON + "model_name_for_tokenizer": Reference("model_name"),
-        COMMON + "renderer_name": Reference("renderer_name"),
+        "dataset_builder.file_path": task.default_output_file(),
         COMMON + "batch_size": 8,
         COMMON + "max_length": 128,
-    }
-    return {**values, **sl_basic.model_dependent_defaults(args, model)}
+        **follow_the_model(args, model),
+    }, layer_name="prompt_distillation defaults")
 
 
 def main(config: train.Config) -> None:
@@ -115,5 +109,4 @@ def main(config: train.Config) -> None:
 
 
 if __name__ == "__main__":
-    reexec_with_fast_malloc()
-    run_recipe(main, defaults)
+    run_recipe(main, blueprint, name="prompt_distillation")

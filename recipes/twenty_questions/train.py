@@ -20,43 +20,36 @@ latest question only. ``test/env/all/reward/total`` (unseen words) is logged eve
 from __future__ import annotations
 
 import asyncio
-import tempfile
-from pathlib import Path
-from typing import Any
 
 import chz
 from chz.blueprint import Reference
 
 from tinker_cookbook.cli_utils import run_recipe
-from tinker_cookbook.perf_env import reexec_with_fast_malloc
 from tinker_cookbook.rl import train
 from tinker_cookbook.rl.multiturn.twenty_questions import TwentyQuestionsDatasetBuilder
-
-DEFAULTS: dict[str, Any] = {
-    "model_name": "HuggingFaceTB/SmolLM2-135M-Instruct",
-    "renderer_name": None,
-    "dataset_builder": TwentyQuestionsDatasetBuilder,
-    "dataset_builder.model_name_for_tokenizer": Reference("model_name"),
-    "dataset_builder.renderer_name": Reference("renderer_name"),
-    "dataset_builder.batch_size": 2,
-    "dataset_builder.group_size": 8,
-    "dataset_builder.max_questions": 5,
-    "dataset_builder.word_list": "animals",
-    "dataset_builder.test_group_size": 2,
-    "learning_rate": 3e-4,
-    "max_tokens": 16,
-    "max_steps": 12,
-    "remove_constant_reward_groups": True,
-    "eval_every": 4,
-    "save_every": 12,
-    "log_path": str(Path(tempfile.gettempdir()) / "tinker-examples" / "twenty_questions"),
-    "behavior_if_log_dir_exists": "ask",
-}
 
 
 def blueprint() -> chz.Blueprint[train.Config]:
     """The loop's Config with this recipe's defaults applied (apply more, or ``make_from_argv``)."""
-    return chz.Blueprint(train.Config).apply(DEFAULTS, layer_name="twenty_questions defaults")
+    return chz.Blueprint(train.Config).apply({
+        "model_name": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "renderer_name": None,
+        "dataset_builder": TwentyQuestionsDatasetBuilder,
+        "dataset_builder.model_name_for_tokenizer": Reference("model_name"),
+        "dataset_builder.renderer_name": Reference("renderer_name"),
+        "dataset_builder.batch_size": 2,
+        "dataset_builder.group_size": 8,
+        "dataset_builder.max_questions": 5,
+        "dataset_builder.word_list": "animals",
+        "dataset_builder.test_group_size": 2,
+        "learning_rate": 3e-4,
+        "max_tokens": 16,
+        "max_steps": 12,
+        "remove_constant_reward_groups": True,
+        "eval_every": 4,
+        "save_every": 12,
+        "behavior_if_log_dir_exists": "ask",
+    }, layer_name="twenty_questions defaults")
 
 
 def main(config: train.Config) -> None:
@@ -64,5 +57,4 @@ def main(config: train.Config) -> None:
 
 
 if __name__ == "__main__":
-    reexec_with_fast_malloc()
-    run_recipe(main, defaults=blueprint())
+    run_recipe(main, blueprint(), name="twenty_questions")

@@ -30,18 +30,15 @@ from pathlib import Path
 from typing import Any
 
 import chz
-from chz.blueprint import Reference
 
-from recipes import sl_basic
 from recipes.vlm_classifier import data
 from tinker_cookbook.cli_utils import RecipeKey, run_recipe
 from tinker_cookbook.eval.custom_evaluators import CustomEvaluator
-from tinker_cookbook.perf_env import reexec_with_fast_malloc
 from tinker_cookbook.supervised import train
+from tinker_cookbook.supervised.recipe_defaults import COMMON, follow_the_model
 from tinker_cookbook.supervised.types import resolve_renderer_name
 
 DEFAULT_MODEL = "tinker-cookbook/tiny-qwen3-vl"
-COMMON = "dataset_builder.common_config."
 DATASET = RecipeKey(
     "dataset", data.OFFLINE_DATASET,
     f"'{data.OFFLINE_DATASET}' (squares of {len(data.COLOURS)} colours generated offline), one of "
@@ -74,12 +71,12 @@ class AccuracyEvaluatorBuilder:
                                temperature=0.0, name="test")
 
 
-def defaults(args: Mapping[str, str]) -> dict[str, Any]:
+def blueprint(args: Mapping[str, str]) -> chz.Blueprint[train.Config]:
+    """The loop's Config with this recipe's defaults; the model-dependent ones follow ``model_name`` as given."""
     model = args.get("model_name", DEFAULT_MODEL)
     values: dict[str, Any] = {
         "model_name": model,
         "recipe_name": "vlm_classifier",
-        "log_path": sl_basic.default_log_path("vlm_classifier"),
         "num_epochs": 4,
         "lora_rank": 16,
         "eval_every": 32,
@@ -87,18 +84,16 @@ def defaults(args: Mapping[str, str]) -> dict[str, Any]:
         "lr_schedule": "cosine",
         "dataset_builder": data.VLMClassifierDatasetBuilder,
         "dataset_builder.dataset": args.get(DATASET.name, DATASET.default),
-        COMMON + "model_name_for_tokenizer": Reference("model_name"),
-        COMMON + "renderer_name": Reference("renderer_name"),
         COMMON + "batch_size": 4,
         COMMON + "max_length": 8192,
+        **follow_the_model(args, model),
     }
-    values = {**values, **sl_basic.model_dependent_defaults(args, model)}
     if model == DEFAULT_MODEL:
         # The answer is the class name alone, so the non-thinking format; and a random model needs large steps
         # (measured, README): get_lr's 6.5e-4 is still near chance after 60 steps.
         values.update({k: v for k, v in [("renderer_name", "qwen3_vl_instruct"), ("learning_rate", 5e-3)]
                        if k not in args})
-    return values
+    return chz.Blueprint(train.Config).apply(values, layer_name="vlm_classifier defaults")
 
 
 def main(config: train.Config) -> None:
@@ -119,5 +114,4 @@ def main(config: train.Config) -> None:
 
 
 if __name__ == "__main__":
-    reexec_with_fast_malloc()
-    run_recipe(main, defaults, [DATASET])
+    run_recipe(main, blueprint, [DATASET], name="vlm_classifier")

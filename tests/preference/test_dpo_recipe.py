@@ -10,7 +10,9 @@ from pathlib import Path
 
 from pref_helpers import TINY_MODEL
 
-from recipes.preference.dpo.train import build_config, expand_short_names
+from recipes.preference.dpo import train as dpo
+from tinker_cookbook.cli_utils import run_recipe
+from tinker_cookbook.preference import train_dpo
 from tinker_cookbook.preference.preference_datasets import ExampleComparisonBuilder, HHHComparisonBuilder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,6 +22,13 @@ def _run(*args: str, module: str = "recipes.preference.dpo.train") -> subprocess
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
                           capture_output=True, text=True, check=False, timeout=600)
+
+
+def build_config(argv: list[str]) -> train_dpo.Config:
+    """The recipe's config for a command line, as ``python -m recipes.preference.dpo.train`` builds it."""
+    made: list[train_dpo.Config] = []
+    run_recipe(made.append, dpo.blueprint(), [dpo.DATASET], name="dpo", argv=argv)
+    return made[0]
 
 
 def _rows(path: Path) -> list[dict]:
@@ -69,9 +78,6 @@ def test_defaults_and_short_names():
     assert config.model_name == "HuggingFaceTB/SmolLM2-135M-Instruct" and config.renderer_name is None
     assert isinstance(config.dataset_builder.comparison_builder, ExampleComparisonBuilder)
     assert config.dataset_builder.common_config.model_name_for_tokenizer == config.model_name
-    assert expand_short_names(["dataset=jsonl", "dataset.train_path=a.jsonl", "batch_size=2", "max_steps=3"]) == [
-        "dataset_builder.comparison_builder=jsonl", "dataset_builder.comparison_builder.train_path=a.jsonl",
-        "dataset_builder.common_config.batch_size=2", "max_steps=3"]
     jsonl = build_config(["dataset=jsonl", "dataset.train_path=a.jsonl", "dataset.test_size=4", "max_length=64"])
     assert jsonl.dataset_builder.comparison_builder.train_path == "a.jsonl"
     assert jsonl.dataset_builder.common_config.max_length == 64

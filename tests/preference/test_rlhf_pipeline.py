@@ -99,7 +99,7 @@ KILL_ARGS = (f"model_name={TINY_MODEL}", "sft.max_steps=2", "rm.max_steps=4", "r
 
 
 def _pipeline(log: Path, *extra: str) -> None:
-    run_recipe(rlhf_pipeline.main, rlhf_pipeline.defaults, [rlhf_pipeline.DATASET],
+    run_recipe(rlhf_pipeline.main, rlhf_pipeline.blueprint, [rlhf_pipeline.DATASET],
                argv=[*KILL_ARGS, *extra, f"log_path={log}"])
 
 

@@ -107,7 +107,7 @@ def test_prompt_distillation_creates_data_then_trains_and_measures_the_student(t
                 f"output_file={data}", "max_inputs=4", "target=raw")
     assert made.returncode == 0, made.stderr[-3000:]
     rows = _rows(data)
-    from recipes.prompt_distillation.create_data import TEACHER_PROMPT, split
+    from recipes.prompt_distillation.task import TEACHER_PROMPT, split
 
     assert [r["messages"][0] for r in rows] == [{"role": "user", "content": s} for s, _ in split("train")[:4]]
     assert all(r["messages"][1]["role"] == "assistant" for r in rows)
@@ -134,7 +134,7 @@ def test_prompt_distillation_refuses_to_write_no_data_and_to_train_without_data(
 
 
 def test_reply_label_and_follows():
-    from recipes.prompt_distillation.create_data import follows, reply_label, split
+    from recipes.prompt_distillation.task import follows, reply_label, split
 
     assert [reply_label(r) for r in ["fr", " FR (French)", "`de`.", "english", "xx", ""]] == \
         ["fr", "fr", "de", None, None, None]

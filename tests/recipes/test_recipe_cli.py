@@ -21,8 +21,8 @@ from tinker_cookbook.supervised import train as sl_train
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = "tinker-cookbook/tiny-smollm2"
-SL = (sl_basic.defaults, [sl_basic.DATASET])
-RL = (rl_basic.defaults, [rl_basic.ENV])
+SL = (sl_basic.blueprint, [sl_basic.DATASET])
+RL = (rl_basic.blueprint, [rl_basic.ENV])
 
 made: list = []
 
@@ -37,7 +37,7 @@ def keep_rl(config: rl_train.Config) -> None:
 
 def build(keep, recipe, *argv: str):
     made.clear()
-    cli_utils.run_recipe(keep, *recipe, argv=list(argv))
+    cli_utils.run_recipe(keep, *recipe, name="recipe", argv=list(argv))
     [config] = made
     return config
 
@@ -45,7 +45,7 @@ def build(keep, recipe, *argv: str):
 def fails(capsys, keep, recipe, *argv: str) -> str:
     """Run with ``argv``, expect exit 1 and return the single line printed."""
     with pytest.raises(SystemExit) as exit_info:
-        cli_utils.run_recipe(keep, *recipe, argv=list(argv))
+        cli_utils.run_recipe(keep, *recipe, name="recipe", argv=list(argv))
     assert exit_info.value.code == 1
     err = capsys.readouterr().err
     assert err.startswith("Error: ") and err.count("\n") == 1, err
@@ -148,7 +148,7 @@ def test_help_exits_0_and_lists_every_key_with_type_default_and_docstring():
     (rl_loop.main, (None, [])),
 ])
 def test_help_of_every_recipe_documents_every_key(capsys, main, recipe):
-    cli_utils.run_recipe(main, *recipe, argv=["--help"])
+    cli_utils.run_recipe(main, *recipe, name="recipe", argv=["--help"])
     documented = _help_keys(capsys.readouterr().out)
     undocumented = [key for key, doc in documented.items() if not doc]
     assert documented and not undocumented
@@ -199,18 +199,152 @@ def test_validator_error_from_the_command_line_has_no_traceback():
 def test_debug_variable_shows_the_traceback(monkeypatch):
     monkeypatch.setenv("TINKER_COOKBOOK_DEBUG", "1")
     with pytest.raises(ValueError, match="learning_rate=-1"):
-        cli_utils.run_recipe(keep_sl, *SL, argv=["learning_rate=-1"])
+        cli_utils.run_recipe(keep_sl, *SL, name="recipe", argv=["learning_rate=-1"])
 
 
-def test_defaults_can_also_be_a_mapping_or_a_blueprint(capsys):
+def test_defaults_can_also_be_a_blueprint(capsys):
     from tinker_cookbook.rl.arithmetic_env import ArithmeticDatasetBuilder
 
     values = {"model_name": TINY, "learning_rate": 1e-3, "max_tokens": 4, "log_path": "/nonexistent/run",
               "dataset_builder": ArithmeticDatasetBuilder, "dataset_builder.batch_size": 2,
               "dataset_builder.group_size": 2, "dataset_builder.n_batches": 3, "renderer_name": "chatml",
               "dataset_builder.model_name_for_tokenizer": TINY, "dataset_builder.renderer_name": "chatml"}
-    for defaults in (values, chz.Blueprint(rl_train.Config).apply(values)):
+    blueprint = chz.Blueprint(rl_train.Config).apply(values)
+    for defaults in (blueprint, lambda args: blueprint.clone().apply({"max_tokens": int(args.get("group_size", 4))})):
         config = build(keep_rl, (defaults, []), "group_size=5")
         assert config.dataset_builder.group_size == 5 and config.learning_rate == 1e-3
+        assert config.max_tokens == (4 if defaults is blueprint else 5)  # a function sees the arguments as given
         cli_utils.run_recipe(keep_rl, defaults, argv=["--help"])
         assert "dataset_builder.n_batches (or n_batches): int = 3" in capsys.readouterr().out
+
+
+# -- the default log path, short names, keys passed on ----------------------------------------------------------
+
+
+def test_the_recipe_name_gives_log_path_its_default_under_the_recipes_own_defaults(tmp_path):
+    made.clear()
+    cli_utils.run_recipe(keep_sl, sl_basic.blueprint, name="sl_basic", argv=[])
+    assert made[-1].log_path == cli_utils.default_log_path("sl_basic")
+    assert Path(made[-1].log_path).parts[-2:] == ("tinker-examples", "sl_basic")
+    own = lambda args: sl_basic.blueprint(args).apply({"log_path": str(tmp_path)})  # noqa: E731
+    cli_utils.run_recipe(keep_sl, own, name="sl_basic", argv=[])
+    cli_utils.run_recipe(keep_sl, sl_basic.blueprint, name="sl_basic", argv=[f"log_path={tmp_path / 'given'}"])
+    assert [c.log_path for c in made[1:]] == [str(tmp_path), str(tmp_path / "given")]
+
+
+def test_a_short_name_key_sets_its_field_and_the_fields_below_it():
+    from recipes.preference.dpo import train as dpo
+    from tinker_cookbook.preference import train_dpo
+    from tinker_cookbook.preference.preference_datasets import (
+        ExampleComparisonBuilder,
+        JsonlComparisonBuilder,
+    )
+
+    made.clear()
+
+    def keep_dpo(config: train_dpo.Config) -> None:
+        made.append(config)
+
+    cli_utils.run_recipe(keep_dpo, dpo.blueprint(), [dpo.DATASET], name="dpo", argv=["batch_size=3"])
+    cli_utils.run_recipe(keep_dpo, dpo.blueprint(), [dpo.DATASET], name="dpo", argv=[
+        "dataset=jsonl", "dataset.train_path=a.jsonl", "dataset.test_size=4", "max_length=64"])
+    default, jsonl = made
+    assert isinstance(default.dataset_builder.comparison_builder, ExampleComparisonBuilder)
+    assert default.dataset_builder.common_config.batch_size == 3
+    assert isinstance(jsonl.dataset_builder.comparison_builder, JsonlComparisonBuilder)
+    assert (jsonl.dataset_builder.comparison_builder.train_path, jsonl.dataset_builder.comparison_builder.test_size,
+            jsonl.dataset_builder.common_config.max_length) == ("a.jsonl", 4, 64)
+
+
+@chz.chz
+class Sweep:
+    """A sweep over another recipe's runs."""
+
+    rates: list[float] = chz.field(default_factory=lambda: [1.0])
+    """The points."""
+    point_args: list[str] = chz.field(default_factory=list)
+    """Passed on to every point."""
+
+
+def test_keys_that_are_not_the_recipes_own_are_passed_on_and_help_lists_them(capsys):
+    made.clear()
+
+    def keep_sweep(config: Sweep) -> None:
+        made.append(config)
+
+    forward = cli_utils.Forward(field="point_args", module="recipes.sl_loop")
+    cli_utils.run_recipe(keep_sweep, forward=forward, argv=["rates=[2.0]", "batch_size=4", "model_name@=x"])
+    assert made[-1] == Sweep(rates=[2.0], point_args=["batch_size=4", "model_name@=x"])
+    cli_utils.run_recipe(keep_sweep, forward=forward, argv=["--help"])
+    text = capsys.readouterr().out
+    assert "Keys passed on to every python -m recipes.sl_loop run (point_args):" in text
+    assert "\n  batch_size: int = 16\n      Conversations per step." in text
+    assert text.rstrip().endswith("shows the traceback instead.")
+
+
+# -- one idiom --------------------------------------------------------------------------------------------------
+
+
+RECIPE_FILES = sorted((REPO / "recipes").rglob("*.py"))
+
+
+def _is_runnable(path: Path) -> bool:
+    return 'if __name__ == "__main__":' in path.read_text()
+
+
+def _imported_recipe_modules(path: Path) -> list[str]:
+    import ast
+
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "recipes":
+            names += [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names if alias.name.split(".")[0] == "recipes"]
+    return names
+
+
+@pytest.mark.parametrize("path", RECIPE_FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_recipes_never_import_recipes(path):
+    """A recipe may use the non-runnable modules of its own package (its data, its task), never another recipe."""
+    for name in _imported_recipe_modules(path):
+        parts = name.split(".")
+        module = REPO.joinpath(*parts).with_suffix(".py")
+        if not module.is_file():  # ``from recipes.x import y`` where y is a name, not a module
+            module = REPO.joinpath(*parts[:-1]).with_suffix(".py")
+        assert module.parent == path.parent and not _is_runnable(module), f"{path.name} imports {name}"
+
+
+@pytest.mark.parametrize("path", [p for p in RECIPE_FILES if _is_runnable(p)], ids=lambda p: str(p.relative_to(REPO)))
+def test_every_recipe_runs_through_run_recipe_which_owns_process_setup_and_the_log_path(path):
+    text = path.read_text()
+    main_block = text.split('if __name__ == "__main__":')[1]
+    assert "run_recipe(" in main_block or "runpy.run_module(" in main_block
+    assert "reexec_with_fast_malloc" not in text and "tinker-examples" not in text and "sys.argv" not in text
+
+
+PROBE = """
+import chz
+from tinker_cookbook import cli_utils
+from tinker_cookbook.perf_env import fast_malloc_active
+
+@chz.chz
+class Probe:
+    x: int = 1
+
+def main(config: Probe) -> None:
+    print(fast_malloc_active(), config.x)
+
+cli_utils.run_recipe(main, argv={argv})
+"""
+
+
+@pytest.mark.parametrize("argv, restarted", [(None, True), (["x=2"], False)])
+def test_a_command_line_run_restarts_once_with_the_allocator_settings(argv, restarted):
+    from tinker_cookbook.perf_env import FAST_MALLOC_ENV
+
+    env = {k: v for k, v in os.environ.items() if k not in FAST_MALLOC_ENV and k != "TINKER_COOKBOOK_NO_REEXEC"}
+    result = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv), "x=2"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == [str(restarted), "2"]

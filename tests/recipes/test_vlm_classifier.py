@@ -37,7 +37,7 @@ def test_answers_are_graded_on_the_class_name_only() -> None:
 
 def test_recipe_trains_and_measures_held_out_accuracy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log_path = tmp_path / "run"
-    run_recipe(vlm_train.main, vlm_train.defaults, [vlm_train.DATASET], argv=[
+    run_recipe(vlm_train.main, vlm_train.blueprint, [vlm_train.DATASET], name="vlm_classifier", argv=[
         f"log_path={log_path}", "max_steps=1", "train_per_class=1", "test_per_class=1", "batch_size=4",
         "lora_rank=4", "behavior_if_log_dir_exists=delete"])
     rows = _rows(log_path / "metrics.jsonl")
@@ -48,7 +48,7 @@ def test_recipe_trains_and_measures_held_out_accuracy(tmp_path: Path, capsys: py
 
 
 def test_help_documents_every_key(capsys: pytest.CaptureFixture[str]) -> None:
-    run_recipe(vlm_train.main, vlm_train.defaults, [vlm_train.DATASET], argv=["--help"])
+    run_recipe(vlm_train.main, vlm_train.blueprint, [vlm_train.DATASET], name="vlm_classifier", argv=["--help"])
     out = capsys.readouterr().out
     for key in ("dataset", "train_per_class", "test_per_class", "image_size", "learning_rate", "model_name"):
         assert re.search(rf"^  (\S+\.)?{key}( \(or \w+\))?: ", out, re.MULTILINE), f"{key} missing from --help"
@@ -60,7 +60,7 @@ def test_hub_dataset_offline_is_one_error_line(tmp_path: Path, capsys: pytest.Ca
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(SystemExit) as exit_info:
-        run_recipe(vlm_train.main, vlm_train.defaults, [vlm_train.DATASET], argv=[
+        run_recipe(vlm_train.main, vlm_train.blueprint, [vlm_train.DATASET], name="vlm_classifier", argv=[
             "dataset=caltech101", f"log_path={tmp_path / 'run'}", "max_steps=1", "batch_size=4",
             "behavior_if_log_dir_exists=delete"])
     assert exit_info.value.code == 1

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -49,7 +48,6 @@ from tinker_cookbook.eval.custom_evaluators import (
     PreferenceAccuracyEvaluatorBuilder,
 )
 from tinker_cookbook.exceptions import ConfigurationError
-from tinker_cookbook.perf_env import reexec_with_fast_malloc
 from tinker_cookbook.preference.comparison_env import PairwisePreferenceRLDatasetBuilder
 from tinker_cookbook.preference.preference_datasets import (
     RLHF_DATA_DIR,
@@ -72,6 +70,7 @@ DATASET = RecipeKey(
     "Anthropic/hh-rlhf for the preference model and RL prompts (need the Hugging Face hub or its cache).",
 )
 STAGES = ("sft", "rm", "rl")
+RECIPE = "rlhf"  # names the default log_path (cli_utils.default_log_path)
 
 
 @chz.chz
@@ -109,10 +108,6 @@ class Config:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def default_log_path() -> str:
-    return str(Path(tempfile.gettempdir()) / "tinker-examples" / "rlhf")
-
-
 def _dataset_defaults(name: str) -> dict[str, Any]:
     if name == "example":
         comparisons: Any = RLHFExampleComparisonBuilder
@@ -134,10 +129,10 @@ def _dataset_defaults(name: str) -> dict[str, Any]:
     raise ConfigurationError(f"dataset={name!r} is not known; use 'example' (offline) or 'hub'")
 
 
-def defaults(args: Mapping[str, str]) -> dict[str, Any]:
+def blueprint(args: Mapping[str, str]) -> chz.Blueprint[Config]:
     """The pipeline's defaults; the stages follow the top-level model, renderer and log-dir policy."""
     model = args.get("model_name", DEFAULT_MODEL)
-    log_path = args.get("log_path", default_log_path())
+    log_path = args.get("log_path", cli_utils.default_log_path(RECIPE))
     values: dict[str, Any] = {"model_name": model, "log_path": log_path, "behavior_if_log_dir_exists": "resume"}
     if "renderer_name" not in args:
         values["renderer_name"] = resolve_renderer_name(model, None)
@@ -184,7 +179,7 @@ def defaults(args: Mapping[str, str]) -> dict[str, Any]:
     if any(key not in args for key in lr_keys):
         base_lr = hyperparam_utils.get_lr(model)
         values.update({key: base_lr * factor for key, factor in lr_keys.items() if key not in args})
-    return values
+    return chz.Blueprint(Config).apply(values, layer_name="rlhf defaults")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -253,5 +248,4 @@ def main(config: Config) -> None:
 
 
 if __name__ == "__main__":
-    reexec_with_fast_malloc()
-    run_recipe(main, defaults, [DATASET])
+    run_recipe(main, blueprint, [DATASET], name=RECIPE)
