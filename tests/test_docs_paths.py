@@ -49,9 +49,16 @@ def _prose(text: str) -> str:
 
 # -- paths ---------------------------------------------------------------------------------------------------------
 
+# Sub-packages of tinker_cookbook: a source file named from one of them (`engine/training.py`) is a claim too.
+SUBPACKAGES = tuple(p.name for p in (REPO / "tinker_cookbook").iterdir() if (p / "__init__.py").exists())
+
+
 def _repo_paths(text: str) -> set[str]:
-    tokens = re.findall(r"(?<![\w/~.\-])[\w.\-]+(?:/[\w.\-<>]*)+", text)
-    return {t.rstrip(".") for t in tokens if t.split("/")[0] in REPO_ENTRIES and "<" not in t}
+    """Repository paths the text names, relative to the repository root."""
+    tokens = {t.rstrip(".") for t in re.findall(r"(?<![\w/~.\-])[\w.\-]+(?:/[\w.\-<>]*)+", text) if "<" not in t}
+    sources = {f"tinker_cookbook/{t}" for t in tokens
+               if t.split("/")[0] in SUBPACKAGES and t.endswith((".py", ".c")) and not (REPO / t).exists()}
+    return {t for t in tokens if t.split("/")[0] in REPO_ENTRIES} | sources
 
 
 def _slug(heading: str) -> str:
@@ -93,6 +100,18 @@ def test_every_docs_page_is_linked_from_the_readme() -> None:
     readme = (REPO / "README.md").read_text()
     unlinked = [_rel(d) for d in DOCS[1:] if f"]({_rel(d)})" not in readme]
     assert not unlinked, f"README.md does not link {unlinked}"
+
+
+# Words about how the project was built rather than what it is: tracker numbers, who worked on it, and commit
+# hashes (a 7-40 character hex word with both a digit and a letter).
+MAKING_OF = re.compile(r"\bissue \d+|\bagents?\b|\bother jobs\b|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b",
+                       re.IGNORECASE)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_rel)
+def test_docs_describe_the_project_not_its_making(doc: Path) -> None:
+    found = sorted({m.group(0) for m in MAKING_OF.finditer(doc.read_text())})
+    assert not found, f"{_rel(doc)}: {found}"
 
 
 # -- modules -------------------------------------------------------------------------------------------------------
@@ -174,12 +193,12 @@ def _normalized_module(module: str) -> str:
 
 def _cli_words(words: list[str]) -> list[tuple[Command, list[str]]]:
     """``tinker-cookbook [--format json] SUB [SUBSUB] ARGS``: the global options go to the CLI itself."""
-    global_options = []
+    global_options: list[str] = []
     while words and words[0].startswith("-") and words[0] != "--help":
         global_options.append(words.pop(0))
         if words and not words[0].startswith("-") and "=" not in global_options[-1]:
             global_options.append(words.pop(0))  # its value
-    subcommands = []
+    subcommands: list[str] = []
     while words and len(subcommands) < 2 and re.fullmatch(r"[a-z][a-z-]*", words[0]):
         subcommands.append(words.pop(0))
     used = [(Command("cli", " ".join(subcommands)), words)]
