@@ -16,6 +16,12 @@ README = (REPO / "README.md").read_text()
 REPO_DIRS = ("scripts", "example-data", "bench", "tests", "recipes", "tinker_cookbook", ".ci", "notebooks", "docs")
 
 
+# CI (.ci/run) and people on a fresh clone run these two lines exactly as written.
+TWO_COMMANDS = ("bash scripts/install.sh && .venv/bin/python -m recipes.sl_basic",
+                "bash scripts/install.sh && .venv/bin/python -m pytest")
+MAX_LINES = 350
+
+
 def _code_blocks(language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", README, re.DOTALL)
 
@@ -29,6 +35,21 @@ def _commands() -> list[str]:
     inline = [span for span in re.findall(r"`([^`]+)`", prose)
               if re.search(r"\bpython\b|\bpytest\b|tinker-cookbook |\.sh\b", span) and " " in span]
     return [c for c in lines + inline if c]
+
+
+def test_the_two_commands_are_given_verbatim_and_ci_runs_the_tests_one():
+    lines = {line.strip() for block in _code_blocks("bash") for line in block.splitlines()}
+    assert set(TWO_COMMANDS) <= lines, TWO_COMMANDS
+    assert TWO_COMMANDS[1] in (REPO / ".ci" / "run").read_text()
+
+
+def test_a_newcomer_can_read_it_through():
+    """Short enough to read, with a table of contents whose entries are the README's own sections."""
+    assert len(README.splitlines()) <= MAX_LINES
+    contents = README.split("## Contents", 1)[1].split("\n## ", 1)[0]
+    entries = re.findall(r"\[([^]]+)\]\(#", contents)
+    sections = re.findall(r"^## (.+)$", README, re.MULTILINE)
+    assert len(entries) >= 6 and all(entry in sections for entry in entries), (entries, sections)
 
 
 def test_every_command_names_the_environment_it_runs_in():
