@@ -9,7 +9,7 @@
 
 Default task: turn a description of a person into a four-line contact card (``example-data/conversations.jsonl``,
 272 train / 48 held-out conversations, one epoch of 17 steps of 16). ``test/nll`` falls from about 0.9 (the base
-model) to well under 0.2; see the README for the measured figures and time.
+model) to well under 0.2; see docs/recipes.md for the measured figures and time.
 
 The keys are those of the loop's ``Config`` (nested ones such as ``dataset_builder.common_config.batch_size`` also
 by their last part, ``batch_size=...``), plus ``dataset``, which picks the dataset builder. Writes

@@ -11,7 +11,7 @@ Precision per device (one place, read by training and the sampler):
   for the forward, ``Wᵀ`` for the input gradient). ``$TINKER_COOKBOOK_TRAIN_DTYPE=bf16`` packs those copies in
   bf16 where the CPU has bf16 kernels (``kernels.onednn.can_pack``; elsewhere autocast), so only the base's Linear
   matmuls run in bf16: activations, attention, the logits and everything LoRA stay fp32; the logprob mismatch
-  that adds, and its speed, are in the README. LoRA parameters, gradients and Adam state in fp32; the sampler in
+  that adds, and its speed, are in docs/performance.md. LoRA parameters, gradients and Adam state in fp32; the sampler in
   fp32 (see ``default_sampling_dtype``).
 - CUDA: the frozen base's matmuls in bf16 (autocast: bf16 tensor cores; weights stored fp32), LoRA parameters, gradients and Adam state in fp32,
   the sampler in bf16 with its K/V cache on the GPU.

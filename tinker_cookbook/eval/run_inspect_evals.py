@@ -29,7 +29,6 @@ from tinker_cookbook.eval.inspect_evaluators import (
     metrics_from_logs,
 )
 from tinker_cookbook.exceptions import ConfigurationError
-from tinker_cookbook.perf_env import reexec_with_fast_malloc
 
 
 @chz.chz
@@ -86,5 +85,4 @@ def main(config: Config) -> None:
 
 
 if __name__ == "__main__":
-    reexec_with_fast_malloc()
     run_recipe(main)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -217,14 +216,14 @@ class RLHFExampleComparisonBuilder(ComparisonDatasetBuilder):
 
 def load_hub_rows(name: str, path: str, split: str, config_name: str | None = None) -> Any:
     """Rows of a hub dataset, or a ConfigurationError naming the dataset and what to use offline instead."""
+    from tinker_cookbook.base.hub import hub_offline
     from tinker_cookbook.supervised.chat_datasets import load_hub_dataset
     from tinker_cookbook.tokenizer_utils import hub_is_reachable
 
     try:
         return load_hub_dataset(path, split, config_name)
     except ConfigurationError as exc:
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
-        why = ("the hub is switched off (HF_HUB_OFFLINE=1)" if offline else "the Hugging Face hub is not reachable"
+        why = ("the hub is switched off (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)" if hub_offline(datasets=True) else "the Hugging Face hub is not reachable"
                if not hub_is_reachable() else f"loading it failed ({exc.__cause__!r:.200})")
         raise ConfigurationError(
             f"dataset={name} needs {path!r} (split {split!r}) from the Hugging Face hub: {why}, and it is not in the "

@@ -9,7 +9,7 @@
 Default task: ``example-data/preferences/`` (the chosen reply follows a format instruction in the prompt, the
 rejected one breaks it; 192 train pairs, 64 held-out pairs about unseen subjects), one epoch of 24 steps of 8
 pairs at learning rate 6e-4, beta 0.1. ``test/accuracy`` (held-out pairs whose implicit reward prefers the chosen
-reply) goes from 0.5 at step 0 (policy = reference: every margin is 0) to about 0.9; the README has the measured
+reply) goes from 0.5 at step 0 (policy = reference: every margin is 0) to about 0.9; docs/recipes.md has the measured
 curve and time.
 
 The command line sets any field of the loop's ``Config`` (``--help`` lists them; a nested one also by its last
