@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
 import os
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -204,6 +206,15 @@ def test_closed_client_raises_a_clear_error(backend: LocalBackend) -> None:
     assert "closed" in repr(tc)
 
 
+def _wait_until_released(backend: LocalBackend, model_id: str) -> None:
+    """The reaper thread queues a collected client's release; wait (bounded) for the engine to run it."""
+    deadline = time.monotonic() + 60
+    while model_id in backend._sessions and time.monotonic() < deadline:
+        backend.submit(lambda: None).result()
+        time.sleep(0.01)
+    assert model_id not in backend._sessions
+
+
 def test_garbage_collected_client_releases_its_session(backend: LocalBackend) -> None:
     service = tinker.ServiceClient()
     keeper = service.create_lora_training_client(base_model=MODEL, rank=4, seed=0)
@@ -213,23 +224,31 @@ def test_garbage_collected_client_releases_its_session(backend: LocalBackend) ->
     model_id = tc.model_id
     del tc
     gc.collect()
-    backend.submit(lambda: None).result()  # the release is queued on the engine thread; wait for it
-    assert model_id not in backend._sessions
+    _wait_until_released(backend, model_id)
     assert _adapter_footprint(backend) == baseline
     assert keeper.model_id in backend._sessions
 
 
-def test_collection_inside_submit_defers_the_release(backend: LocalBackend) -> None:
-    """The collector may run inside the engine's own submit, which holds a non-reentrant lock."""
+@pytest.mark.parametrize("held", ["queue lock", "executors' module lock"])
+def test_collection_while_a_lock_is_held_never_blocks(backend: LocalBackend, held: str) -> None:
+    """The collector runs finalizers in whatever thread allocates, holding whatever it holds: the engine's queue
+    lock (inside its own submit) or the lock every ``ThreadPoolExecutor.submit`` in the process takes (a server's
+    thread pool). Collecting a client there must not take a lock, or the process deadlocks."""
+    lock = backend._requests._queue_lock if held == "queue lock" else concurrent.futures.thread._global_shutdown_lock
     service = tinker.ServiceClient()
-    tc = service.create_lora_training_client(base_model=MODEL, rank=4, seed=1)
-    model_id = tc.model_id
-    backend._requests.submitting.active = True  # as if the collector ran inside this thread's submit
-    try:
-        del tc
-        gc.collect()
-        assert list(backend._requests.collected) == [model_id], "the release must wait for submit to finish"
-    finally:
-        backend._requests.submitting.active = False
-    backend.submit(lambda: None).result()
-    assert model_id not in backend._sessions and not backend._requests.collected
+    clients = [service.create_lora_training_client(base_model=MODEL, rank=4, seed=1)]
+    model_id, finalizer = clients[0].model_id, clients[0]._release
+    returned = threading.Event()
+
+    def collect_holding_the_lock() -> None:
+        with lock:  # as the thread that holds it would be when the collector runs
+            clients.clear()
+            gc.collect()
+            returned.set()
+
+    thread = threading.Thread(target=collect_holding_the_lock, daemon=True)
+    thread.start()
+    assert returned.wait(30), f"collecting a client while holding the {held} blocked (a deadlock)"
+    thread.join(30)
+    assert not finalizer.alive, "the client was not collected inside the thread that held the lock"
+    _wait_until_released(backend, model_id)

@@ -195,9 +195,9 @@ class LocalBackend:
     def release_collected(self, run_id: str) -> None:
         """Release the session of a garbage-collected training client (its ``weakref.finalize`` callback).
 
-        The collector can run this in any thread, even inside this thread's own ``submit``, which holds the
-        executor's non-reentrant lock: then the id only waits in a queue that ``submit`` flushes on its way out.
-        Never runs torch here, and does nothing once the engine is closed or the interpreter is shutting down.
+        The collector can run this in any thread, holding any lock, so it takes none: the id goes to the request
+        queue's reaper (see ``request_queue``). Never runs torch here, and does nothing once the engine is closed
+        or the interpreter is shutting down.
         """
         if self._closed or sys.is_finalizing():
             return

@@ -10,9 +10,11 @@ creating a client, queued before them), and runs them together (the backend's ``
 different sessions are independent (the base is frozen), so this reorders nothing that any client can observe; a
 taken request's future is completed in its own turn in the queue.
 
-Sessions of garbage-collected clients are released through the queue too (``release_collected``): the collector
-may run inside this thread's own ``submit``, which holds the executor's non-reentrant lock, so a release found
-there only waits in a list that ``submit`` flushes on its way out.
+Sessions of garbage-collected clients are released through the queue too (``release_collected``). The collector
+runs finalizers in whatever thread allocates, which may hold any lock at that moment: this queue's own, or the
+module-wide lock of ``concurrent.futures`` that every executor's ``submit`` takes (the server's thread pools too).
+Taking a lock there can deadlock, so a finalizer only puts the id into a ``queue.SimpleQueue`` (whose ``put`` is
+reentrant and made for finalizers), and a small reaper thread queues the release like any other request.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import functools
+import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,22 +66,18 @@ class RequestQueue:
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-engine")
         self.closed = False
         self._worker_ident: int | None = None
-        self.submitting = threading.local()
-        self.collected: collections.deque[str] = collections.deque()
+        # Ids of collected clients' sessions (None: stop the reaper); see the module docstring.
+        self._collected: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._reaper = threading.Thread(target=self._reap, name="tinker-engine-reaper", daemon=True)
+        self._reaper.start()
         # What the worker has yet to start, in submission order (it looks ahead here for requests to batch).
         self._queue: collections.deque[Queued] = collections.deque()
         self._queue_lock = threading.Lock()
 
     def submit(self, request: Queued) -> concurrent.futures.Future[Any]:
         """Run ``request`` on the worker thread after everything submitted before it."""
-        future = self._enqueue(request)
-        self._flush_collected()
-        return future
-
-    def _enqueue(self, request: Queued) -> concurrent.futures.Future[Any]:
         if self.closed:
             raise RequestFailedError(CLOSED_MESSAGE)
-        self.submitting.active = True
         try:
             # One lock over both queues keeps them in the same order.
             with self._queue_lock:
@@ -87,8 +86,6 @@ class RequestQueue:
                 return future
         except RuntimeError as exc:  # the executor was shut down meanwhile (close() or interpreter exit)
             raise RequestFailedError(CLOSED_MESSAGE) from exc
-        finally:
-            self.submitting.active = False
 
     def _run_request(self, request: Queued) -> Any:
         self._worker_ident = threading.get_ident()
@@ -105,50 +102,38 @@ class RequestQueue:
         """Take ``request`` off the queue, with the queued requests that can run in one pass with it (none if it
         is not a built-in-loss forward): per session the first one still queued, if it is of the same kind, and
         nothing behind a request of no session. They are marked taken, so that their own turn only reports."""
-        was_submitting = getattr(self.submitting, "active", False)
-        self.submitting.active = True  # a collector run here only queues its release (the lock is not reentrant)
-        try:
-            with self._queue_lock:
-                if self._queue and self._queue[0] is request:
-                    self._queue.popleft()
-                else:  # never expected: the executor runs requests in the order they were queued
-                    self._queue.remove(request)
-                if request.forward is None or self.closed:
-                    return []
-                seen, partners = {request.run_id}, []
-                sessions = self._session_count()
-                for queued in self._queue:
-                    if queued.run_id is None or len(seen) >= sessions:  # a barrier, or all sessions seen
-                        break
-                    if queued.run_id in seen:
-                        continue
-                    seen.add(queued.run_id)
-                    if queued.forward is not None and queued.forward.backward == request.forward.backward:
-                        partners.append(queued)
-                for partner in partners:
-                    self._queue.remove(partner)
-                    partner.taken = True
-                return partners
-        finally:
-            self.submitting.active = was_submitting
-            if not was_submitting:
-                self._flush_collected()
+        with self._queue_lock:
+            if self._queue and self._queue[0] is request:
+                self._queue.popleft()
+            else:  # never expected: the executor runs requests in the order they were queued
+                self._queue.remove(request)
+            if request.forward is None or self.closed:
+                return []
+            seen, partners = {request.run_id}, []
+            sessions = self._session_count()
+            for queued in self._queue:
+                if queued.run_id is None or len(seen) >= sessions:  # a barrier, or all sessions seen
+                    break
+                if queued.run_id in seen:
+                    continue
+                seen.add(queued.run_id)
+                if queued.forward is not None and queued.forward.backward == request.forward.backward:
+                    partners.append(queued)
+            for partner in partners:
+                self._queue.remove(partner)
+                partner.taken = True
+            return partners
 
     def release_collected(self, run_id: str) -> None:
-        """Queue the release of a garbage-collected client's session, or only note it when called inside this
-        thread's own ``submit`` (then ``submit`` queues it on its way out)."""
-        self.collected.append(run_id)
-        if not getattr(self.submitting, "active", False):
-            self._flush_collected()
+        """Note that a client was garbage collected; the reaper queues the release of its session.
 
-    def _flush_collected(self) -> None:
-        while True:
+        Safe in a finalizer: takes no lock (``SimpleQueue.put`` is reentrant) and never blocks."""
+        self._collected.put(run_id)
+
+    def _reap(self) -> None:
+        while (run_id := self._collected.get()) is not None:
             try:
-                run_id = self.collected.popleft()
-            except IndexError:
-                return
-            try:
-                self._enqueue(Queued(functools.partial(self._release, run_id), run_id))
+                self.submit(Queued(functools.partial(self._release, run_id), run_id))
             except RequestFailedError:  # closed meanwhile: the sessions went with the engine
                 return
 
@@ -156,11 +141,13 @@ class RequestQueue:
         """Refuse new requests and fail the queued ones; the running one finishes (waited for, except from a
         request running on the worker itself)."""
         self.closed = True
+        self._collected.put(None)
         self._executor.shutdown(wait=threading.get_ident() != self._worker_ident)
 
     def close_at_exit(self) -> None:
         """Mark the queue closed without waiting (Python has joined the worker by the time exit hooks run)."""
         self.closed = True
+        self._collected.put(None)
         self._executor.shutdown(wait=False)
 
 

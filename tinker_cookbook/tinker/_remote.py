@@ -402,8 +402,8 @@ class RemoteBackend:
         return done
 
     def release_collected(self, run_id: str) -> None:
-        with self._lock:
-            self._clients.pop(run_id, None)
+        # A finalizer may run in a thread that holds self._lock already: no lock here (dict.pop is atomic).
+        self._clients.pop(run_id, None)
 
     # -- sampling ------------------------------------------------------------------------------------------
     def handle_for_path(self, model_path: str) -> RemoteSamplerHandle:
