@@ -28,6 +28,8 @@ def direct_gradients(session: Any, data: list[types.Datum], loss_fn: str) -> dic
         logits = model.get_output_embeddings()(hidden).float()
         inputs = {k: v.to_torch() for k, v in d.loss_fn_inputs.items()}
         logp = torch.log_softmax(logits, -1).gather(-1, inputs["target_tokens"][:, None]).squeeze(-1)
+        if spec.sequence_inputs is not None:  # GSPO: its sequence ratio over this whole datum, in one piece
+            inputs.update(spec.sequence_inputs(logp.detach(), inputs))
         spec.fn(logp, inputs, config).backward()
     return pending_gradients(session)
 

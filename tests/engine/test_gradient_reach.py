@@ -83,7 +83,7 @@ def test_reach_of_each_builtin_loss() -> None:
     inputs = {"weights": torch.tensor([0.0, 1.0, 0.0, -2.0]), "advantages": torch.tensor([0.0, 0.0, 0.5, 0.0])}
     assert losses.LOSSES["cross_entropy"].reach is not None
     assert losses.LOSSES["cross_entropy"].reach(inputs).tolist() == [False, True, False, True]
-    for name in ("importance_sampling", "ppo", "cispo"):
+    for name in ("importance_sampling", "ppo", "cispo", "gspo"):
         reach = losses.LOSSES[name].reach
         assert reach is not None and reach(inputs).tolist() == [False, False, True, False]
     # DRO's quadratic penalty has a gradient at every position.
@@ -99,11 +99,12 @@ def _rl_datum(tokens: list[int], prompt: int) -> types.Datum:
     return types.Datum(
         model_input=types.ModelInput.from_ints(tokens[:-1]),
         loss_fn_inputs=dict(target_tokens=tokens[1:], logprobs=[-2.0] * n, advantages=advantages,
-                            weights=[0.0 if a == 0 else 1.0 for a in advantages]),
+                            weights=[0.0 if a == 0 else 1.0 for a in advantages],
+                            sequence_ratio_mask=[0.0 if a == 0 else 1.0 for a in advantages]),
     )
 
 
-@pytest.mark.parametrize("loss_fn", ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"])
+@pytest.mark.parametrize("loss_fn", ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo"])
 def test_forward_backward_gradient_equals_direct_autograd_with_unreached_prompt_positions(loss_fn: str) -> None:
     """The whole path (padding, chunks, the reach of each loss) against autograd of the loss through the model on
     each datum alone. Only fp32 rounding of different matmul shapes differs: ~1e-6 of the gradient's norm over all
@@ -115,7 +116,9 @@ def test_forward_backward_gradient_equals_direct_autograd_with_unreached_prompt_
     tc.forward_backward(warm, "cross_entropy").result()  # move LoRA B off zero so that every tensor has gradient
     tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     data = [_rl_datum([7 + 3 * i for i in range(14)], prompt=10), _rl_datum([11 + 5 * i for i in range(9)], prompt=5)]
-    keep = ("target_tokens", "weights") if loss_fn == "cross_entropy" else ("target_tokens", "logprobs", "advantages")
+    keep = {"cross_entropy": ("target_tokens", "weights"),
+            "gspo": ("target_tokens", "logprobs", "advantages", "sequence_ratio_mask")}.get(
+        loss_fn, ("target_tokens", "logprobs", "advantages"))
     data = [types.Datum(model_input=d.model_input, loss_fn_inputs={k: d.loss_fn_inputs[k] for k in keep})
             for d in data]
     tc.forward_backward(data, loss_fn).result()

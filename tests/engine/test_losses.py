@@ -118,6 +118,53 @@ def test_config_accepts_edges_and_numpy_numbers():
     assert losses.resolve_config("dro", None) == {"beta": 0.05}
 
 
+# GSPO on the shared example with sequence_ratio_mask M = [0, 1, 1]: the sequence log-ratio is the mean of
+# logp - q over M, (0.5 + 0) / 2 = 0.25, so s = e^0.25 = 1.2840254 at every token (the mask only picks the
+# tokens the ratio is averaged over; every token with an advantage is trained).
+GSPO_MASK = torch.tensor([0.0, 1.0, 1.0])
+S = math.exp(0.25)
+
+
+def _run_gspo(config: dict | None = None, mask: torch.Tensor = GSPO_MASK) -> tuple[float, list[float]]:
+    logp = torch.tensor(LOGP, requires_grad=True)
+    spec = losses.get_loss("gspo")
+    inputs = {**INPUTS, "sequence_ratio_mask": mask}
+    assert spec.sequence_inputs is not None
+    inputs.update(spec.sequence_inputs(logp.detach(), inputs))
+    loss = spec.fn(logp, inputs, losses.resolve_config("gspo", config))
+    loss.backward()
+    return loss.item(), logp.grad.tolist()
+
+
+def test_gspo_clips_the_sequence_ratio_per_token_advantage():
+    # s = 1.284 > 1.2: token 0 (A=1): min(s, 1.2) = 1.2, clipped, no gradient; token 1 (A=2): min(2s, 2.4) = 2.4,
+    # clipped; token 2 (A=-1): min(-s, -1.2) = -s, unclipped, d/dlogp of -(s_t * A) = -A * s = s.
+    loss, grad = _run_gspo()
+    assert loss == pytest.approx(-(1.2 + 2.4 - S), rel=1e-6)
+    assert grad == pytest.approx([0.0, 0.0, S], abs=1e-6)
+
+
+def test_gspo_unclipped_is_the_sequence_ratio_times_the_advantage():
+    # clip [0.5, 2.0] contains s: loss = -s * (1 + 2 - 1) = -2s; d/dlogp_t = -A_t * s (each token its own gradient)
+    loss, grad = _run_gspo({"clip_low_threshold": 0.5, "clip_high_threshold": 2.0})
+    assert loss == pytest.approx(-2 * S, rel=1e-6)
+    assert grad == pytest.approx([-S, -2 * S, S], rel=1e-6)
+
+
+def test_gspo_ratio_is_the_geometric_mean_over_the_marked_tokens():
+    # all three marked: mean log-ratio = 0.5 / 3, s = e^(1/6) = 1.1813604 (inside [0.8, 1.2]): loss = -2s
+    loss, _ = _run_gspo(mask=torch.tensor([1.0, 1.0, 1.0]))
+    assert loss == pytest.approx(-2 * math.exp(1 / 6), rel=1e-6)
+    with pytest.raises(ValueError, match="sequence_ratio_mask'\\] marks no position"):
+        _run_gspo(mask=torch.zeros(3))
+
+
+def test_stable_reinforce_is_refused_with_the_reason():
+    with pytest.raises(BadRequestError, match="stable_reinforce' is not available on this engine.*record_stability"):
+        losses.get_loss("stable_reinforce")
+    assert "stable_reinforce" not in losses.LOSSES
+
+
 @pytest.mark.parametrize("name", [None, 3, ["ppo"]])
 def test_loss_name_must_be_a_known_string(name):
     with pytest.raises(BadRequestError, match="not a built-in loss"):

@@ -33,6 +33,7 @@ from tinker_cookbook.engine.store.files import read_sampler_adapter
 from tinker_cookbook.engine.training.base_model import BaseModel
 from tinker_cookbook.engine.training.custom_loss import CustomLossFn
 from tinker_cookbook.engine.training.multi_client import forward_together
+from tinker_cookbook.engine.training.losses import LOSSES
 from tinker_cookbook.engine.training.session import ForwardRequest, Outcome, TrainingSession
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import (
@@ -136,7 +137,8 @@ class LocalBackend:
             supported_models=[
                 types.SupportedModel(model_name=s.name, max_context_length=s.max_context_length)
                 for s in models.available_models()
-            ]
+            ],
+            supported_loss_fns=sorted(LOSSES),
         )
 
     def model_data(self, base_model: str) -> types.ModelData:

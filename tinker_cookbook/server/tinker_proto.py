@@ -9,7 +9,9 @@ Field numbers (message: number name):
 
 - ForwardBackwardRequest: 1 model_id, 2 seq_id, 3 data (Datum), 4 loss_fn, 5 loss_fn_config (map string->double),
   6 forward_only, 7 loss_fn_config_v2 (map string->LossConfigValue{1 number, 2 text})
-- Datum: 1 model_input (Chunk), 2 loss_fn_inputs (map string->Tensor), 3/4 provenance spans
+- Datum: 1 model_input (Chunk), 2 loss_fn_inputs (map string->Tensor), 3 model_input_spans (ProvenanceSpan),
+  4 loss_fn_input_spans (ProvenanceSpan)
+- ProvenanceSpan (oneof): 1 prompt_tokens | 2 sampled_tokens, each {1 sequence_id, 2 offset int64, 3 length int64}
 - Chunk (oneof): 1 encoded_text{1 tokens: int32 bytes}, 2 image{1 data, 2 format, 3 expected_tokens}, 3 dmel
 - Tensor: 1 dense bytes | 2 sparse_csr{1 values, 2 crow_indices, 3 col_indices}, 3 dtype, 4 shape (int64)
 - ForwardBackwardOutput: 1 loss_fn_output_type, 2 loss_fn_outputs (ArrayRecord), 3 metrics (map string->double)
@@ -224,9 +226,22 @@ def _chunk(buf: bytes) -> types.ModelInputChunk:
     raise ProtoError("a model_input chunk is empty; send an encoded_text or image chunk")
 
 
+def _span(buf: bytes, what: str) -> dict[str, Any]:
+    """One ProvenanceSpan as the dict our ``types`` validate (which check offset, length and id)."""
+    for number, wire, value in fields(buf):
+        if number in (1, 2):
+            _expect(number, wire, LENGTH, what)
+            arm = {n: v for n, _, v in fields(value)}
+            return {"type": "prompt" if number == 1 else "sampled",
+                    "sequence_id": _text(arm.get(1, b""), f"{what}.sequence_id"),
+                    "offset": _int64(arm.get(2, 0)), "length": _int64(arm.get(3, 0))}
+    raise ProtoError(f"{what} is empty; a provenance span is prompt_tokens or sampled_tokens")
+
+
 def _datum(buf: bytes) -> types.Datum:
     chunks: list[types.ModelInputChunk] = []
     inputs: dict[str, types.TensorData] = {}
+    spans: dict[str, list[dict[str, Any]]] = {}
     for number, wire, value in fields(buf):
         if number == 1:
             _expect(number, wire, LENGTH, "Datum")
@@ -235,9 +250,14 @@ def _datum(buf: bytes) -> types.Datum:
             entry = {n: v for n, _, v in fields(value)}
             inputs[_text(entry.get(1, b""), "loss_fn_inputs key")] = _tensor(entry.get(2, b""))
         elif number in (3, 4):
-            raise ProtoError("provenance spans (model_input_spans, loss_fn_input_spans) are not supported by this "
-                             "server; send the datum without them")
-    return types.Datum(model_input=types.ModelInput(chunks=chunks), loss_fn_inputs=inputs)
+            name = "model_input_spans" if number == 3 else "loss_fn_input_spans"
+            _expect(number, wire, LENGTH, "Datum")
+            spans.setdefault(name, []).append(_span(value, f"{name}[{len(spans.get(name, []))}]"))
+    # A datum with provenance whose runs are all empty still has provenance: an absent list means an empty one.
+    if spans:
+        spans = {"model_input_spans": [], "loss_fn_input_spans": [], **spans}
+    return types.Datum.model_validate({"model_input": types.ModelInput(chunks=chunks), "loss_fn_inputs": inputs,
+                                       **spans})
 
 
 def decode_forward_backward_request(buf: bytes) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from fastapi.responses import JSONResponse, Response
 
-from tinker_cookbook.tinker import errors
+from tinker_cookbook.tinker import errors, provenance
 from tinker_cookbook.tinker.backend import Backend, SamplerHandle
 
 T = TypeVar("T")
@@ -75,6 +75,7 @@ class State:
         self.model_sessions: dict[str, str] = {}  # wire model id -> session id
         self.samplers: dict[str, _Sampler] = {}
         self.futures: OrderedDict[str, _Pending] = OrderedDict()
+        self.sequences = provenance.SequenceRegistry()  # the sampled sequences' ids, for provenance spans
         self.blocking = concurrent.futures.ThreadPoolExecutor(BLOCKING_WORKERS, thread_name_prefix="tinker-api")
 
     # -- sessions ------------------------------------------------------------------------------------------

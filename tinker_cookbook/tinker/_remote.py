@@ -147,10 +147,19 @@ def to_sdk_tensor(sdk: Any, td: types.TensorData) -> Any:
     return sdk.types.TensorData(data=list(td.data), dtype=td.dtype, shape=list(td.shape) if td.shape else None)
 
 
+def _to_sdk_spans(sdk: Any, spans: list[Any] | None) -> list[Any] | None:
+    if spans is None:
+        return None
+    kinds = {"prompt": sdk.types.PromptProvenanceSpan, "sampled": sdk.types.SampledProvenanceSpan}
+    return [kinds[s.type](sequence_id=s.sequence_id, offset=s.offset, length=s.length) for s in spans]
+
+
 def to_sdk_datum(sdk: Any, datum: types.Datum) -> Any:
     return sdk.types.Datum(
         model_input=to_sdk_model_input(sdk, datum.model_input),
         loss_fn_inputs={name: to_sdk_tensor(sdk, td) for name, td in datum.loss_fn_inputs.items()},
+        model_input_spans=_to_sdk_spans(sdk, datum.model_input_spans),
+        loss_fn_input_spans=_to_sdk_spans(sdk, datum.loss_fn_input_spans),
     )
 
 
@@ -175,7 +184,8 @@ def from_sdk_forward_output(out: Any) -> types.ForwardBackwardOutput:
 def from_sdk_sample_response(response: Any) -> types.SampleResponse:
     return types.SampleResponse(
         sequences=[types.SampledSequence(stop_reason=seq.stop_reason, tokens=list(seq.tokens),
-                                         logprobs=None if seq.logprobs is None else list(seq.logprobs))
+                                         logprobs=None if seq.logprobs is None else list(seq.logprobs),
+                                         sequence_id=getattr(seq, "sequence_id", None) or None)
                    for seq in response.sequences],
         prompt_logprobs=response.prompt_logprobs,
         topk_prompt_logprobs=response.topk_prompt_logprobs,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tinker_cookbook.tinker import types
+from tinker_cookbook.tinker import provenance, types
 from tinker_cookbook.tinker.errors import BadRequestError
 from tinker_cookbook.tinker.futures import APIFuture
 
@@ -23,13 +23,16 @@ class SamplingClient:
 
     def sample(self, prompt: types.ModelInput, num_samples: int, sampling_params: types.SamplingParams,
                include_prompt_logprobs: bool = False, topk_prompt_logprobs: int = 0) -> APIFuture[types.SampleResponse]:
-        """Sample ``num_samples`` continuations of ``prompt``; the prompt is prefilled once and shared."""
+        """Sample ``num_samples`` continuations of ``prompt``; the prompt is prefilled once and shared.
+
+        Every returned sequence carries a ``sequence_id`` that a training datum's provenance spans can name."""
         try:
             future = self._backend.sample(self._handle, prompt, num_samples, sampling_params,
                                           include_prompt_logprobs, topk_prompt_logprobs)
-        except BadRequestError as exc:
-            return APIFuture.failed(exc)
-        return APIFuture(future)
+            prompt_length = prompt.length
+        except (BadRequestError, ValueError) as exc:
+            return APIFuture.failed(exc if isinstance(exc, BadRequestError) else BadRequestError(str(exc)))
+        return APIFuture(future).map(lambda response: provenance.LOCAL.attach(prompt_length, response))
 
     async def sample_async(self, prompt: types.ModelInput, num_samples: int, sampling_params: types.SamplingParams,
                            include_prompt_logprobs: bool = False, topk_prompt_logprobs: int = 0) -> types.SampleResponse:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
-from tinker_cookbook.tinker import types
+from tinker_cookbook.tinker import provenance, types
 from tinker_cookbook.tinker.backend import CustomLossFn
 from tinker_cookbook.tinker.errors import BadRequestError
 from tinker_cookbook.tinker.futures import APIFuture
@@ -99,8 +99,7 @@ class TrainingClient:
     def forward(self, data: list[types.Datum], loss_fn: types.LossFnType,
                 loss_fn_config: dict[str, float] | None = None) -> APIFuture[types.ForwardBackwardOutput]:
         """Loss and per-token logprobs without gradients."""
-        batch = _copy_data(data)
-        return self._submit(lambda: self._backend.forward(self.model_id, batch, loss_fn, loss_fn_config, False))
+        return self._forward(data, loss_fn, loss_fn_config, backward=False)
 
     async def forward_async(self, data: list[types.Datum], loss_fn: types.LossFnType,
                             loss_fn_config: dict[str, float] | None = None) -> APIFuture[types.ForwardBackwardOutput]:
@@ -109,8 +108,18 @@ class TrainingClient:
     def forward_backward(self, data: list[types.Datum], loss_fn: types.LossFnType,
                          loss_fn_config: dict[str, float] | None = None) -> APIFuture[types.ForwardBackwardOutput]:
         """Loss, logprobs, and gradients, which accumulate until ``optim_step``."""
+        return self._forward(data, loss_fn, loss_fn_config, backward=True)
+
+    def _forward(self, data: Any, loss_fn: types.LossFnType, loss_fn_config: dict[str, float] | None,
+                 backward: bool) -> APIFuture[types.ForwardBackwardOutput]:
         batch = _copy_data(data)
-        return self._submit(lambda: self._backend.forward(self.model_id, batch, loss_fn, loss_fn_config, True))
+        self._check_open()
+        try:
+            # Provenance spans must name sequences this process's sampling clients returned.
+            provenance.LOCAL.check(batch)
+        except BadRequestError as exc:
+            return APIFuture.failed(exc)
+        return self._submit(lambda: self._backend.forward(self.model_id, batch, loss_fn, loss_fn_config, backward))
 
     async def forward_backward_async(self, data: list[types.Datum], loss_fn: types.LossFnType,
                                      loss_fn_config: dict[str, float] | None = None

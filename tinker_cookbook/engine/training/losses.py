@@ -9,6 +9,12 @@ a scalar. All are *sums* over tokens: any normalisation (per sequence, per batch
 - ppo:                  -sum(min(r * A, clip(r, lo, hi) * A)),  r = exp(logp - q), lo/hi default 0.8/1.2
 - cispo:                -sum(sg(clip(r, lo, hi)) * logp * A),    lo/hi default 0.8/1.2
 - dro:                  -sum(logp * A - beta/2 * (logp - q)^2),  beta default 0.05
+- gspo (GSPO-token):    -sum(min(s_t * A, clip(s_t, lo, hi) * A)),  lo/hi default 0.8/1.2, where
+                        s = exp(mean over the positions M that sequence_ratio_mask marks of sg(logp) - q) is the
+                        sequence ratio and s_t = s * exp(logp - sg(logp)) carries s's value and logp's gradient
+
+``stable_reinforce`` is refused: its objective depends on information the hosted service records at sampling time
+and has not published, so no faithful implementation is possible (``UNAVAILABLE`` says so to the caller).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ LossInputs = dict[str, torch.Tensor]
 LossFn = Callable[[torch.Tensor, LossInputs, dict[str, float]], torch.Tensor]
 
 
+SequenceInputs = Callable[[torch.Tensor, LossInputs], LossInputs]
+"""A datum's detached logprobs and loss inputs -> extra loss inputs of the same shape."""
 GradientReach = Callable[[LossInputs], torch.Tensor]
 """A datum's loss inputs -> bool ``[N]``: the positions whose logprob the loss's gradient can be non-zero at."""
 
@@ -39,6 +47,10 @@ class LossSpec:
     reach: GradientReach | None = None
     """Where the gradient can be non-zero (None: everywhere). The engine backpropagates only those positions'
     logprobs through the unembedding: in RL most positions are the prompt's, with advantage 0."""
+    sequence_inputs: SequenceInputs | None = None
+    """For a loss that needs a statistic of the whole sequence (GSPO's ratio): the extra per-position inputs it
+    reads, from a datum's detached logprobs. The engine computes them from a first pass without gradients, so the
+    loss stays a sum of per-token terms that a chunked backward can evaluate span by span."""
 
 
 def _nonzero_positions(key: str) -> GradientReach:
@@ -80,6 +92,28 @@ def dro(logp: torch.Tensor, inputs: LossInputs, config: dict[str, float]) -> tor
     return -(logp * inputs["advantages"] - 0.5 * config["beta"] * quadratic).sum()
 
 
+SEQUENCE_LOG_RATIO = "sequence_log_ratio"
+"""GSPO's sequence log-ratio, repeated at every position (an engine-made input; clients never send it)."""
+
+
+def gspo_sequence_inputs(logp: torch.Tensor, inputs: LossInputs) -> LossInputs:
+    """The mean of ``logp - q`` over the positions ``sequence_ratio_mask`` marks, at every position."""
+    marked = inputs["sequence_ratio_mask"] != 0
+    if not bool(marked.any()):
+        raise ValueError("loss_fn_inputs['sequence_ratio_mask'] marks no position (all zeros); mark the sampled "
+                         "tokens the sequence ratio is taken over with 1")
+    log_ratio = (logp.detach() - inputs["logprobs"])[marked].mean()
+    return {SEQUENCE_LOG_RATIO: torch.full_like(inputs["logprobs"], float(log_ratio))}
+
+
+def gspo(logp: torch.Tensor, inputs: LossInputs, config: dict[str, float]) -> torch.Tensor:
+    advantages = inputs["advantages"]
+    # Value exp(sequence log-ratio), gradient that of exp(logp) at logp's value: GSPO-token's s_t.
+    ratio = torch.exp(inputs[SEQUENCE_LOG_RATIO] + logp - logp.detach())
+    clipped = torch.clamp(ratio, config["clip_low_threshold"], config["clip_high_threshold"])
+    return -torch.minimum(ratio * advantages, clipped * advantages).sum()
+
+
 _CLIP_DEFAULTS = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
 _RL_INPUTS = ("target_tokens", "logprobs", "advantages")
 
@@ -90,10 +124,23 @@ LOSSES: dict[str, LossSpec] = {
     "cispo": LossSpec(cispo, _RL_INPUTS, dict(_CLIP_DEFAULTS), _nonzero_positions("advantages")),
     # DRO's quadratic penalty pulls on every position, whatever its advantage.
     "dro": LossSpec(dro, _RL_INPUTS, {"beta": 0.05}),
+    "gspo": LossSpec(gspo, (*_RL_INPUTS, "sequence_ratio_mask"), dict(_CLIP_DEFAULTS),
+                     _nonzero_positions("advantages"), gspo_sequence_inputs),
 }
+
+UNAVAILABLE: dict[str, str] = {
+    "stable_reinforce": (
+        "loss_fn='stable_reinforce' is not available on this engine: its objective uses stability information the "
+        "hosted Tinker service records at sampling time (record_stability_info) and has not published, so it "
+        "cannot be reproduced faithfully here. Train with 'ppo', 'cispo' or 'gspo' (clipped, stable off-policy) or "
+        "'importance_sampling' instead"),
+}
+"""Losses the official SDK names that this engine refuses, and why."""
 
 
 def get_loss(name: Any) -> LossSpec:
+    if isinstance(name, str) and name in UNAVAILABLE:
+        raise BadRequestError(UNAVAILABLE[name])
     if not isinstance(name, str) or name not in LOSSES:
         raise BadRequestError(f"loss_fn={name!r} is not a built-in loss; choose one of {sorted(LOSSES)}")
     return LOSSES[name]

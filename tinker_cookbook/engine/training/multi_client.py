@@ -35,7 +35,9 @@ def forward_together(requests: list[tuple[TrainingSession, ForwardRequest]]) -> 
         except Exception as exc:  # noqa: BLE001 - each request's failure is its own; the caller reports it
             outcomes[i] = exc
             continue
-        if any(item.images for item in prepared.batch) or not _mixable_base(session.base):
+        # A loss with sequence statistics needs a first pass of its own (``run_prepared``), so it runs alone.
+        if (any(item.images for item in prepared.batch) or not _mixable_base(session.base)
+                or prepared.spec.sequence_inputs is not None):
             outcomes[i] = _run_alone(prepared)
         else:
             by_base.setdefault(id(session.base), []).append((i, prepared))

@@ -60,9 +60,22 @@ class PreparedForward:
 
         return [token_loss(item) for item in self.batch]
 
+    def add_sequence_inputs(self, logps: list[torch.Tensor]) -> None:
+        """The sequence-level inputs of a loss that has them (``LossSpec.sequence_inputs``), from the logprobs of
+        a pass over the same data; BadRequestError naming the datum they cannot be computed for."""
+        make = self.spec.sequence_inputs
+        if make is None:
+            return
+        for i, (lp, item) in enumerate(zip(logps, self.batch, strict=True)):
+            try:
+                item.inputs.update(make(lp.detach().to(item.inputs["target_tokens"].device), item.inputs))
+            except ValueError as exc:
+                raise BadRequestError(f"data[{i}].{exc}") from None
+
     def output(self, logps: list[torch.Tensor], totals: list[float] | None) -> types.ForwardBackwardOutput:
         """The response; ``totals`` (the per-datum losses of a backward pass) or None: computed from the logprobs."""
         if totals is None:
+            self.add_sequence_inputs(logps)
             totals = [float(self.spec.fn(lp, item.inputs, self.config)) for lp, item in zip(logps, self.batch,
                                                                                             strict=True)]
         return types.ForwardBackwardOutput(
@@ -104,6 +117,10 @@ class TrainingSession:
         """One built-in-loss request on its own: the session's adapter active on every row."""
         model = self.base.activate(self.run_id)
         if prepared.request.backward:
+            if prepared.spec.sequence_inputs is not None:
+                # A first pass without gradients gives the sequence statistics the per-token terms read.
+                first, _ = forward.run_batch(self.base, self.run_id, self.params, model, prepared.batch, None)
+                prepared.add_sequence_inputs(first)
             with self._all_or_nothing():
                 logps, totals = forward.run_batch(self.base, self.run_id, self.params, model, prepared.batch, prepared.token_losses())
                 self.accept_backward(totals)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 from fastapi import Request
@@ -13,8 +12,9 @@ from tinker_cookbook.server.tinker_bodies import (
     SampleBody,
 )
 from tinker_cookbook.server.tinker_routes.common import Routes, parse, proto_sample
-from tinker_cookbook.tinker import errors
+from tinker_cookbook.tinker import errors, provenance, types
 from tinker_cookbook.tinker.backend import SamplerHandle
+from tinker_cookbook.tinker.futures import then
 
 
 def add_routes(routes: Routes, max_num_samples: int) -> None:
@@ -55,11 +55,19 @@ def add_routes(routes: Routes, max_num_samples: int) -> None:
             handle = state.sampler(body.sampling_session_id).handle
         else:
             handle = await routes.blocking(lambda: open_handle(body.base_model, body.model_path))
+        prompt_length = body.prompt.length
         future = backend.sample(handle, body.prompt, body.num_samples, body.sampling_params,
                                 bool(body.prompt_logprobs), body.topk_prompt_logprobs)
-        request_id_prefix = secrets.token_hex(6)
-        sequence_ids = [f"seq-{request_id_prefix}-{i}" for i in range(body.num_samples)]
-        return state.track(future, proto_sample, sample_sequence_ids=sequence_ids)
+        # The ids go out now, with the future; they become usable in provenance spans once the samples exist.
+        sequence_ids = provenance.new_sequence_ids(body.num_samples)
+        recorded = then(future, lambda response: _recorded(state.sequences, sequence_ids, prompt_length, response))
+        return state.track(recorded, proto_sample, sample_sequence_ids=sequence_ids)
+
+
+def _recorded(registry: provenance.SequenceRegistry, sequence_ids: list[str], prompt_length: int,
+              response: types.SampleResponse) -> types.SampleResponse:
+    registry.record(sequence_ids, prompt_length, response)
+    return response
 
 
 def _check_sample_options(body: SampleBody, max_num_samples: int) -> None:

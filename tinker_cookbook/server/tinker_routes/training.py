@@ -65,6 +65,7 @@ def add_routes(routes: Routes) -> None:
         except (tinker_proto.ProtoError, ValidationError) as exc:
             raise errors.BadRequestError(f"forward_backward: the protobuf body is malformed: {exc}") from None
         model_id = fields["model_id"]
+        state.sequences.check(fields["data"])
         future = backend.forward(state.run_id(model_id), fields["data"], fields["loss_fn"],
                                  fields["loss_fn_config"], not fields["forward_only"])
         return state.track(future, proto_forward_backward, model_id)

@@ -44,7 +44,8 @@ class LooseBase(BaseModel):
 ModelID: TypeAlias = str
 TensorDtype: TypeAlias = Literal["int64", "float32"]
 StopReason: TypeAlias = Literal["length", "stop"]
-LossFnType: TypeAlias = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
+LossFnType: TypeAlias = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo",
+                                "stable_reinforce"]
 CheckpointType: TypeAlias = Literal["training", "sampler"]
 CheckpointKind: TypeAlias = Literal["weights", "sampler_weights"]
 """The folder of a checkpoint in its ``tinker://`` path: ``weights`` (training state) or ``sampler_weights``."""
@@ -200,6 +201,7 @@ _KEY_DTYPES: dict[str, TensorDtype] = {
     "logprobs": "float32",
     "clip_low_threshold": "float32",
     "clip_high_threshold": "float32",
+    "sequence_ratio_mask": "float32",
 }
 
 
@@ -245,16 +247,62 @@ def _nested_to_tensor_data(key: str, value: Sequence[Any]) -> TensorData:
     return TensorData(data=array.flatten().tolist(), dtype=dtype, shape=list(array.shape))
 
 
+class _ProvenanceSpanBase(StrictBase):
+    sequence_id: str = Field(min_length=1)
+    """The ``SampledSequence.sequence_id`` of a sequence sampled in this session."""
+
+    offset: int = Field(default=0, ge=0)
+    """Where the run starts within that sequence's prompt (prompt spans) or sampled tokens (sampled spans)."""
+
+    length: int = Field(ge=0)
+    """How many consecutive datum positions the run covers."""
+
+
+class PromptProvenanceSpan(_ProvenanceSpanBase):
+    """A run of datum positions that are positions ``[offset, offset + length)`` of the prompt of the sampling
+    request that produced ``sequence_id``."""
+
+    type: Literal["prompt"] = "prompt"
+
+
+class SampledProvenanceSpan(_ProvenanceSpanBase):
+    """A run of datum positions that are the sampled tokens ``[offset, offset + length)`` of ``sequence_id``."""
+
+    type: Literal["sampled"] = "sampled"
+
+
+ProvenanceSpan: TypeAlias = Annotated[PromptProvenanceSpan | SampledProvenanceSpan, Field(discriminator="type")]
+ProvenanceSpans: TypeAlias = list[ProvenanceSpan]
+"""Consecutive runs that tile one datum field: their lengths sum to its number of positions, in order."""
+
+
+def check_tiling(field: str, spans: Sequence[Any], expected: int) -> None:
+    """ValueError unless the runs of ``spans`` cover exactly ``expected`` positions."""
+    total = sum(span.length for span in spans)
+    if total != expected:
+        raise ValueError(f"{field} covers {total} positions but the datum has {expected} there; the runs must "
+                         "tile the field exactly (their lengths sum to its length)")
+
+
 class Datum(StrictBase):
     loss_fn_inputs: LossFnInputs
     """Per-token inputs of the loss (``target_tokens``, ``weights``, ``logprobs``, ``advantages``, ...)."""
 
     model_input: ModelInput
 
+    model_input_spans: ProvenanceSpans | None = None
+    """Provenance of the input tokens: runs tiling ``model_input`` (set with ``with_provenance``)."""
+
+    loss_fn_input_spans: ProvenanceSpans | None = None
+    """Provenance of the loss rows: runs tiling ``loss_fn_inputs["target_tokens"]`` (set with ``with_provenance``)."""
+
     if TYPE_CHECKING:
         # What the constructor accepts (the validator below converts every value to TensorData), so that
         # type checkers do not flag the docs' ``loss_fn_inputs={"target_tokens": [1, 2], ...}``.
-        def __init__(self, *, loss_fn_inputs: Mapping[str, TensorDataLike], model_input: ModelInput) -> None: ...
+        def __init__(self, *, loss_fn_inputs: Mapping[str, TensorDataLike], model_input: ModelInput,
+                     model_input_spans: Sequence[PromptProvenanceSpan | SampledProvenanceSpan] | None = None,
+                     loss_fn_input_spans: Sequence[PromptProvenanceSpan | SampledProvenanceSpan] | None = None,
+                     ) -> None: ...
 
     @model_validator(mode="before")
     @classmethod
@@ -263,6 +311,25 @@ class Datum(StrictBase):
             data = dict(data)
             data["loss_fn_inputs"] = {k: _to_tensor_data(k, v) for k, v in data["loss_fn_inputs"].items()}
         return data
+
+    @model_validator(mode="after")
+    def _spans_in_pairs(self) -> Datum:
+        if (self.model_input_spans is None) != (self.loss_fn_input_spans is None):
+            raise ValueError("provenance comes as a pair: set both model_input_spans and loss_fn_input_spans "
+                             "(Datum.with_provenance) or neither")
+        return self
+
+    def with_provenance(self, model_input: Sequence[PromptProvenanceSpan | SampledProvenanceSpan],
+                        loss_fn_inputs: Sequence[PromptProvenanceSpan | SampledProvenanceSpan]) -> Datum:
+        """A copy naming the sampled sequence behind every position: ``model_input`` runs tile the input tokens,
+        ``loss_fn_inputs`` runs tile ``target_tokens``. The tiling is checked here, at the call site."""
+        check_tiling("with_provenance model_input", model_input, self.model_input.length)
+        targets = self.loss_fn_inputs.get("target_tokens")
+        if targets is not None:
+            rows = targets.shape[0] if targets.shape else len(targets.data)
+            check_tiling("with_provenance loss_fn_inputs", loss_fn_inputs, rows)
+        return self.model_copy(update={"model_input_spans": list(model_input),
+                                       "loss_fn_input_spans": list(loss_fn_inputs)})
 
 
 class AdamParams(StrictBase):
@@ -349,10 +416,14 @@ class GetInfoResponse(LooseBase):
 class SupportedModel(LooseBase):
     model_name: str | None = None
     max_context_length: int | None = None
+    trainable: bool | None = None
+    sampleable: bool | None = None
 
 
 class GetServerCapabilitiesResponse(LooseBase):
     supported_models: list[SupportedModel]
+    supported_loss_fns: list[str] | None = None
+    """The built-in losses ``forward_backward`` accepts here (``custom`` runs on the client)."""
 
 
 class CreateModelResponse(LooseBase):
@@ -386,6 +457,9 @@ class SampledSequence(LooseBase):
     tokens: list[int]
     logprobs: list[float] | None = None
     """Logprob of each sampled token under the temperature-scaled distribution."""
+
+    sequence_id: str | None = None
+    """Names this sequence in a later request of the same session (a datum's provenance spans)."""
 
 
 class SampleResponse(LooseBase):
