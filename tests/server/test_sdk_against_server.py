@@ -6,7 +6,10 @@ used directly through ``tinker_cookbook.tinker`` with the same seed.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import urllib.request
 
 import pytest
 import tinker  # the official SDK (tests/server/conftest.py skips this package without it)
@@ -201,3 +204,66 @@ def test_many_clients_share_one_engine(service, server_url: str, tokenizer) -> N
     # Same seed and data: a and b take identical steps, whichever order the server interleaved them in.
     assert norms[0] == pytest.approx(norms[1], rel=1e-6) and norms[2] == pytest.approx(norms[3], rel=1e-6)
     assert not math.isclose(norms[0], norms[2])  # the second step of each client saw its own first update
+
+
+def _rl_datum_with_provenance(prompt: sdk_types.ModelInput, sequence: sdk_types.SampledSequence,
+                              advantage: float) -> sdk_types.Datum:
+    """The official cookbook's RL datum: prompt + all but the last sampled token in, targets shifted by one, the
+    sampler's logprobs and the advantage on the sampled tokens, and its provenance spans (as its rl_loop builds)."""
+    tokens, n_prompt = list(sequence.tokens), prompt.length
+    model_input = prompt.append(sdk_types.EncodedTextChunk(tokens=tokens[:-1]))
+    ob = n_prompt - 1
+    datum = sdk_types.Datum(model_input=model_input, loss_fn_inputs={
+        "target_tokens": [0] * ob + tokens, "logprobs": [0.0] * ob + list(sequence.logprobs or []),
+        "advantages": [0.0] * ob + [advantage] * len(tokens),
+        "sequence_ratio_mask": [0.0] * ob + [1.0] * len(tokens)})
+    sid = sequence.sequence_id
+    return datum.with_provenance(
+        model_input=[sdk_types.PromptProvenanceSpan(sequence_id=sid, length=n_prompt),
+                     sdk_types.SampledProvenanceSpan(sequence_id=sid, length=len(tokens) - 1)],
+        loss_fn_inputs=[sdk_types.PromptProvenanceSpan(sequence_id=sid, offset=1, length=n_prompt - 1),
+                        sdk_types.SampledProvenanceSpan(sequence_id=sid, length=len(tokens))])
+
+
+def test_provenance_spans_train_and_bad_spans_are_refused(service, tokenizer) -> None:
+    """Datums carrying provenance spans of sequences this server sampled train (the official RL loop always sends
+    them); spans naming an unknown sequence, leaving their sequence or not tiling the datum are 400s naming the
+    field."""
+    training_client = service.create_lora_training_client(base_model=MODEL, rank=4, seed=11).result()
+    sampler = training_client.save_weights_and_get_sampling_client().result()
+    prompt = sdk_types.ModelInput.from_ints(tokenizer.encode("English: apple\nPig Latin:"))
+    params = sdk_types.SamplingParams(max_tokens=4, temperature=1.0, seed=0)
+    sequences = sampler.sample(prompt=prompt, num_samples=2, sampling_params=params).result().sequences
+    data = [_rl_datum_with_provenance(prompt, s, a) for s, a in zip(sequences, (1.0, -1.0), strict=True)]
+    for loss_fn in ("importance_sampling", "gspo"):
+        out = training_client.forward_backward(data, loss_fn).result()
+        assert math.isfinite(out.metrics["loss:sum"])
+    training_client.optim_step(sdk_types.AdamParams(learning_rate=1e-3)).result()
+
+    good = data[0]
+    sid = sequences[0].sequence_id
+    unknown = dataclasses.replace(good, model_input_spans=[
+        sdk_types.PromptProvenanceSpan(sequence_id="seq-never-issued", length=prompt.length),
+        *good.model_input_spans[1:]])
+    with pytest.raises(tinker.BadRequestError, match=r"data\[0\]\.model_input_spans\[0\]\.sequence_id='seq-never"):
+        training_client.forward_backward([unknown], "importance_sampling").result()
+    outside = dataclasses.replace(good, loss_fn_input_spans=[
+        sdk_types.PromptProvenanceSpan(sequence_id=sid, offset=5, length=prompt.length - 1),
+        *good.loss_fn_input_spans[1:]])
+    with pytest.raises(tinker.BadRequestError, match=r"loss_fn_input_spans\[0\] covers positions .* of the prompt"):
+        training_client.forward_backward([outside], "importance_sampling").result()
+    untiled = dataclasses.replace(good, model_input_spans=good.model_input_spans[:1])
+    with pytest.raises(tinker.BadRequestError, match=r"data\[0\]\.model_input_spans covers \d+ positions"):
+        training_client.forward_backward([untiled], "importance_sampling").result()
+
+
+def test_losses_listed_gspo_trains_and_stable_reinforce_is_refused(service, server_url: str, tokenizer) -> None:
+    # The SDK's response type has no field for the losses (it drops unknown ones), so read the wire answer.
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with direct.open(f"{server_url}/api/v1/get_server_capabilities", timeout=30) as answer:
+        listed = json.load(answer)["supported_loss_fns"]
+    assert listed == sorted(["cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo"])
+    training_client = service.create_lora_training_client(base_model=MODEL, rank=4, seed=12).result()
+    datum = process_example(EXAMPLES[0], tokenizer)
+    with pytest.raises(tinker.TinkerError, match="stable_reinforce' is not available on this engine"):
+        training_client.forward_backward([datum], "stable_reinforce").result()
