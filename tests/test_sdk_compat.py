@@ -45,6 +45,7 @@ SDK_TYPES_MODULES = {
     "model_input_chunk": ["ModelInputChunk"],
     "optim_step_response": ["OptimStepResponse"],
     "optimizer": ["AdamParams"],
+    "provenance_spans": ["PromptProvenanceSpan", "ProvenanceSpans", "SampledProvenanceSpan"],
     "sample_response": ["SampleResponse"],
     "sampled_sequence": ["SampledSequence"],
     "sampling_params": ["SamplingParams"],
@@ -287,3 +288,64 @@ def test_rl_dataset_ending_with_index_error():
             return [[_NoEnvs()], [_NoEnvs()], [_NoEnvs()]][index]
 
     assert len(Indexed()) == 3
+
+
+def test_sdk_038_call_forms(training_client):
+    """0.38's forms: client-creating methods return futures of the client (``.result()``), ``optim_step`` takes
+    ``optim_params`` or the older ``adam_params=``; options this engine lacks are refused by name."""
+    sampler = training_client.save_weights_and_get_sampling_client().result()
+    assert isinstance(sampler, tinker.SamplingClient) and asyncio.run(_awaited(sampler)) is sampler
+    training_client.forward_backward([_datum(3)], "cross_entropy").result()
+    assert training_client.optim_step(optim_params=types.AdamParams(learning_rate=1e-4)).result().metrics
+    training_client.forward_backward([_datum(4)], "cross_entropy").result()
+    assert training_client.optim_step(adam_params=types.AdamParams(learning_rate=1e-4)).result().metrics
+    with pytest.raises(BadRequestError, match="not both"):
+        training_client.optim_step(types.AdamParams(), adam_params=types.AdamParams()).result()
+    with pytest.raises(BadRequestError, match="record_stability_info=True is not supported.*stable_reinforce"):
+        training_client.save_weights_and_get_sampling_client(record_stability_info=True)
+    with pytest.raises(BadRequestError, match="kind='inflight' is not supported"):
+        training_client.save_weights_and_get_sampling_client(kind="inflight")
+    with pytest.raises(BadRequestError, match="only AdamW"):
+        tinker.ServiceClient().create_lora_training_client(MODEL, rank=4, optimizer={"type": "dimuon"})
+
+
+async def _awaited(sampler):
+    return await sampler
+
+
+def test_in_process_provenance(training_client):
+    """Sampled sequences carry ids; datums built from them with ``with_provenance`` train, and spans that name an
+    unknown sequence or leave theirs are refused before anything runs, naming the field."""
+    sampler = training_client.save_weights_and_get_sampling_client()
+    prompt = types.ModelInput.from_ints([5, 6, 7, 8])
+    params = types.SamplingParams(max_tokens=3, temperature=1.0, seed=1)
+    sequence = sampler.sample(prompt, 1, params).result().sequences[0]
+    assert sequence.sequence_id and sequence.sequence_id.startswith("seq-")
+    tokens = sequence.tokens
+    datum = types.Datum(model_input=prompt.append(types.EncodedTextChunk(tokens=tokens[:-1])),
+                        loss_fn_inputs={"target_tokens": [0] * 3 + tokens, "logprobs": [0.0] * 3 + sequence.logprobs,
+                                        "advantages": [0.0] * 3 + [1.0] * len(tokens)})
+    sid = sequence.sequence_id
+    with pytest.raises(ValueError, match="with_provenance model_input covers 4 positions but the datum has"):
+        datum.with_provenance(model_input=[types.PromptProvenanceSpan(sequence_id=sid, length=4)],
+                              loss_fn_inputs=[])
+    traced = datum.with_provenance(
+        model_input=[types.PromptProvenanceSpan(sequence_id=sid, length=4),
+                     types.SampledProvenanceSpan(sequence_id=sid, length=len(tokens) - 1)],
+        loss_fn_inputs=[types.PromptProvenanceSpan(sequence_id=sid, offset=1, length=3),
+                        types.SampledProvenanceSpan(sequence_id=sid, length=len(tokens))])
+    out = training_client.forward([traced], "importance_sampling").result()
+    assert len(out.loss_fn_outputs[0]["logprobs"].data) == traced.model_input.length
+    assert types.Datum.model_validate_json(traced.model_dump_json()) == traced  # spans survive JSON
+    unknown = traced.model_copy(update={"model_input_spans": [
+        types.PromptProvenanceSpan(sequence_id="seq-unknown", length=4), *traced.model_input_spans[1:]]})
+    with pytest.raises(BadRequestError, match=r"data\[0\]\.model_input_spans\[0\]\.sequence_id='seq-unknown'"):
+        training_client.forward([unknown], "importance_sampling").result()
+    beyond = traced.model_copy(update={"loss_fn_input_spans": [
+        types.PromptProvenanceSpan(sequence_id=sid, offset=0, length=3),
+        types.SampledProvenanceSpan(sequence_id=sid, offset=1, length=len(tokens))]})
+    with pytest.raises(BadRequestError, match=rf"loss_fn_input_spans\[1\] covers positions \[1, {1 + len(tokens)}\) of the sampled"):
+        training_client.forward([beyond], "importance_sampling").result()
+    with pytest.raises(ValueError, match="provenance comes as a pair"):
+        types.Datum(model_input=prompt, loss_fn_inputs={"target_tokens": [1, 2, 3, 4]},
+                    model_input_spans=[types.PromptProvenanceSpan(sequence_id=sid, length=4)])

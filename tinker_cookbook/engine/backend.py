@@ -135,7 +135,8 @@ class LocalBackend:
     def capabilities(self) -> types.GetServerCapabilitiesResponse:
         return types.GetServerCapabilitiesResponse(
             supported_models=[
-                types.SupportedModel(model_name=s.name, max_context_length=s.max_context_length)
+                types.SupportedModel(model_name=s.name, max_context_length=s.max_context_length, trainable=True,
+                                     sampleable=True)
                 for s in models.available_models()
             ],
             supported_loss_fns=sorted(LOSSES),

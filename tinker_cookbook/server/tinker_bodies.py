@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from tinker_cookbook.tinker import types
 
@@ -17,8 +17,28 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
 
-class _OptimizerConfig(_Body):
-    type: Literal["adamw"] = "adamw"
+def _adamw_only(family: str) -> str:
+    if family != "adamw":
+        raise ValueError(f"optimizer {family!r} is not supported by this server; it trains with AdamW only: create "
+                         "the training client without optimizer= (or with the adamw config) and step with AdamParams")
+    return family
+
+
+class _OptimizerConfig(BaseModel):
+    # Open like the SDK's OptimizerConfigBase (families carry their own fields); only adamw is served.
+    model_config = ConfigDict(extra="allow")
+    type: str = "adamw"
+
+    _family = field_validator("type")(_adamw_only)
+
+
+class _OptimizerParams(BaseModel):
+    """The SDK's per-step parameters of a non-Adam family (sent as ``optimizer_params``), to refuse by name."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+    _family = field_validator("type")(_adamw_only)
 
 
 class CreateSessionBody(_Body):
@@ -56,7 +76,8 @@ class GetInfoBody(_Body):
 
 class OptimStepBody(_Body):
     model_id: str
-    adam_params: types.AdamParams
+    adam_params: types.AdamParams | None = None
+    optimizer_params: _OptimizerParams | None = None
     seq_id: int | None = None
     type: Literal["optim_step"] = "optim_step"
 
@@ -75,11 +96,20 @@ class SaveWeightsForSamplerBody(_Body):
     model_id: str
     path: str | None = None
     sampling_session_seq_id: int | None = None
-    kind: Literal["snapshot"] = "snapshot"
+    kind: str = "snapshot"
     seq_id: int | None = None
     ttl_seconds: int | None = None
     user_metadata: dict[str, str] | None = None
     type: Literal["save_weights_for_sampler"] = "save_weights_for_sampler"
+
+    @field_validator("kind")
+    @classmethod
+    def _snapshot_only(cls, kind: str) -> str:
+        if kind != "snapshot":
+            raise ValueError(f"kind={kind!r} is not supported by this server: its sampling clients hold fixed weights "
+                             "(kind='snapshot'); call save_weights_and_get_sampling_client() again after training "
+                             "to sample newer weights")
+        return kind
 
 
 class LoadWeightsBody(_Body):

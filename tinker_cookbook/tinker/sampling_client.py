@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from tinker_cookbook.tinker import provenance, types
@@ -12,10 +13,35 @@ if TYPE_CHECKING:
     from tinker_cookbook.tinker.backend import Backend, SamplerHandle
 
 
+def check_sampling_client_options(record_stability_info: bool = False, kind: str = "snapshot") -> None:
+    """Refuse, by name, the official SDK's sampling-client options this engine does not provide."""
+    if record_stability_info:
+        raise BadRequestError(
+            "record_stability_info=True is not supported: it records what the stable_reinforce loss trains on, and "
+            "this engine does not provide that loss; leave it False and train with ppo, cispo, gspo or "
+            "importance_sampling")
+    if kind != "snapshot":
+        raise BadRequestError(
+            f"kind={kind!r} is not supported: sampling clients hold fixed weights (kind='snapshot'); call "
+            "save_weights_and_get_sampling_client() again after training to sample newer weights")
+
+
 class SamplingClient:
+    """Also a finished future of itself (``result()``, ``await``), as the SDK's client-creation methods return
+    futures of their clients: code written either way runs unchanged."""
+
     def __init__(self, backend: Backend[Any], handle: SamplerHandle) -> None:
         self._backend = backend
         self._handle = handle
+
+    def result(self, timeout: float | None = None) -> SamplingClient:
+        return self
+
+    async def result_async(self, timeout: float | None = None) -> SamplingClient:
+        return self
+
+    def __await__(self) -> Generator[Any, None, SamplingClient]:
+        return self.result_async().__await__()
 
     @property
     def model_path(self) -> str | None:

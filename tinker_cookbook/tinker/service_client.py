@@ -16,7 +16,7 @@ from tinker_cookbook.tinker.backend import Backend, resolve_backend
 from tinker_cookbook.tinker.errors import BadRequestError
 from tinker_cookbook.tinker.futures import APIFuture
 from tinker_cookbook.tinker.rest_client import RestClient
-from tinker_cookbook.tinker.sampling_client import SamplingClient
+from tinker_cookbook.tinker.sampling_client import SamplingClient, check_sampling_client_options
 from tinker_cookbook.tinker.training_client import TrainingClient
 
 
@@ -44,7 +44,13 @@ class ServiceClient:
 
     def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None,
                                     train_mlp: bool = True, train_attn: bool = True, train_unembed: bool = True,
-                                    user_metadata: dict[str, str] | None = None) -> TrainingClient:
+                                    user_metadata: dict[str, str] | None = None, optimizer: Any = None
+                                    ) -> TrainingClient:
+        """``optimizer``: the SDK's optimizer family config; AdamW (None, or type 'adamw') is the one here."""
+        family = optimizer.get("type") if isinstance(optimizer, dict) else getattr(optimizer, "type", "adamw")
+        if family != "adamw":
+            raise BadRequestError(f"optimizer={optimizer!r}: only AdamW is supported here; omit optimizer= (or pass "
+                                  "the adamw config) and step with AdamParams")
         try:
             lora = types.LoraConfig(rank=rank, seed=seed, train_mlp=train_mlp, train_attn=train_attn,
                                     train_unembed=train_unembed)
@@ -57,11 +63,12 @@ class ServiceClient:
     async def create_lora_training_client_async(self, base_model: str, rank: int = 32, seed: int | None = None,
                                                 train_mlp: bool = True, train_attn: bool = True,
                                                 train_unembed: bool = True,
-                                                user_metadata: dict[str, str] | None = None) -> TrainingClient:
+                                                user_metadata: dict[str, str] | None = None,
+                                                optimizer: Any = None) -> TrainingClient:
         # If the caller is cancelled meanwhile, the thread still builds the client, and collecting it frees the
         # session: nothing leaks.
         return await asyncio.to_thread(self.create_lora_training_client, base_model, rank, seed, train_mlp,
-                                       train_attn, train_unembed, user_metadata)
+                                       train_attn, train_unembed, user_metadata, optimizer)
 
     def _from_state(self, path: str, with_optimizer: bool, user_metadata: dict[str, str] | None) -> TrainingClient:
         run_id, base_model, lora = self._backend.create_session_from_state(
@@ -92,8 +99,9 @@ class ServiceClient:
         return await asyncio.to_thread(self._from_state, path, True, user_metadata)
 
     def create_sampling_client(self, model_path: str | None = None, base_model: str | None = None,
-                               retry_config: Any = None) -> SamplingClient:
+                               retry_config: Any = None, record_stability_info: bool = False) -> SamplingClient:
         """Sample from a ``sampler_weights/`` checkpoint (model_path) or from a base model."""
+        check_sampling_client_options(record_stability_info)
         if (model_path is None) == (base_model is None):
             raise BadRequestError("create_sampling_client needs exactly one of model_path= or base_model=")
         if model_path is not None:
@@ -101,8 +109,10 @@ class ServiceClient:
         return SamplingClient(self._backend, self._backend.handle_for_base(base_model or ""))
 
     async def create_sampling_client_async(self, model_path: str | None = None, base_model: str | None = None,
-                                           retry_config: Any = None) -> SamplingClient:
-        return await asyncio.to_thread(self.create_sampling_client, model_path, base_model)
+                                           retry_config: Any = None, record_stability_info: bool = False
+                                           ) -> SamplingClient:
+        return await asyncio.to_thread(self.create_sampling_client, model_path, base_model, None,
+                                       record_stability_info)
 
     def create_rest_client(self) -> RestClient:
         """Runs and checkpoints of the same engine or server."""

@@ -22,6 +22,7 @@ from tinker_cookbook.tinker import provenance, types
 from tinker_cookbook.tinker.backend import CustomLossFn
 from tinker_cookbook.tinker.errors import BadRequestError
 from tinker_cookbook.tinker.futures import APIFuture
+from tinker_cookbook.tinker.sampling_client import check_sampling_client_options
 
 if TYPE_CHECKING:
     from tinker_cookbook.tinker.backend import Backend
@@ -145,12 +146,21 @@ class TrainingClient:
                                             ) -> APIFuture[types.ForwardBackwardOutput]:
         return self.forward_backward_custom(data, loss_fn, loss_type_input=loss_type_input)
 
-    def optim_step(self, adam_params: types.AdamParams) -> APIFuture[types.OptimStepResponse]:
-        """One AdamW step on the accumulated gradients, which are then cleared."""
-        return self._submit(lambda: self._backend.optim_step(self.model_id, adam_params))
+    def optim_step(self, optim_params: types.AdamParams | None = None, *,
+                   adam_params: types.AdamParams | None = None) -> APIFuture[types.OptimStepResponse]:
+        """One AdamW step on the accumulated gradients, which are then cleared. ``adam_params=`` is the SDK's
+        older keyword for the same argument."""
+        if optim_params is not None and adam_params is not None:
+            return APIFuture.failed(BadRequestError("pass optim_params or adam_params, not both"))
+        params = optim_params if optim_params is not None else adam_params
+        if params is None:
+            return APIFuture.failed(BadRequestError("optim_step needs AdamParams, e.g. "
+                                                    "optim_step(types.AdamParams(learning_rate=1e-4))"))
+        return self._submit(lambda: self._backend.optim_step(self.model_id, params))
 
-    async def optim_step_async(self, adam_params: types.AdamParams) -> APIFuture[types.OptimStepResponse]:
-        return self.optim_step(adam_params)
+    async def optim_step_async(self, optim_params: types.AdamParams | None = None, *,
+                               adam_params: types.AdamParams | None = None) -> APIFuture[types.OptimStepResponse]:
+        return self.optim_step(optim_params, adam_params=adam_params)
 
     # -- checkpoints ------------------------------------------------------------------------------------
 
@@ -192,13 +202,17 @@ class TrainingClient:
                                              ) -> APIFuture[types.SaveWeightsForSamplerResponse]:
         return self.save_weights_for_sampler(name, ttl_seconds)
 
-    def save_weights_and_get_sampling_client(self, name: str | None = None, retry_config: Any = None
+    def save_weights_and_get_sampling_client(self, name: str | None = None, retry_config: Any = None,
+                                             record_stability_info: bool = False, kind: str = "snapshot"
                                              ) -> SamplingClient:
         """A sampling client on a snapshot of the current weights (later training does not change it)."""
+        check_sampling_client_options(record_stability_info, kind)
         return self._snapshot_future(name).result()
 
-    async def save_weights_and_get_sampling_client_async(self, name: str | None = None, retry_config: Any = None
-                                                         ) -> SamplingClient:
+    async def save_weights_and_get_sampling_client_async(self, name: str | None = None, retry_config: Any = None,
+                                                         record_stability_info: bool = False,
+                                                         kind: str = "snapshot") -> SamplingClient:
+        check_sampling_client_options(record_stability_info, kind)
         return await self._snapshot_future(name)
 
     def _snapshot_future(self, name: str | None) -> APIFuture[SamplingClient]:
@@ -207,15 +221,18 @@ class TrainingClient:
         return self._submit(lambda: self._backend.snapshot(self.model_id, name)).map(
             lambda handle: SamplingClient(self._backend, handle))
 
-    def create_sampling_client(self, model_path: str, retry_config: Any = None) -> SamplingClient:
+    def create_sampling_client(self, model_path: str, retry_config: Any = None,
+                               record_stability_info: bool = False) -> SamplingClient:
         from tinker_cookbook.tinker.sampling_client import SamplingClient
 
+        check_sampling_client_options(record_stability_info)
         self._check_open()
         return SamplingClient(self._backend, self._backend.handle_for_path(model_path))
 
-    async def create_sampling_client_async(self, model_path: str, retry_config: Any = None) -> SamplingClient:
+    async def create_sampling_client_async(self, model_path: str, retry_config: Any = None,
+                                           record_stability_info: bool = False) -> SamplingClient:
         # Reads the checkpoint and merges the adapter: in a thread, so the event loop keeps running.
-        return await asyncio.to_thread(self.create_sampling_client, model_path)
+        return await asyncio.to_thread(self.create_sampling_client, model_path, None, record_stability_info)
 
     # -- info -------------------------------------------------------------------------------------------
 

@@ -64,6 +64,11 @@ def add_routes(routes: Routes, max_num_samples: int) -> None:
         return state.track(recorded, proto_sample, sample_sequence_ids=sequence_ids)
 
 
+STABILITY_INFO_REFUSAL = ("it records what the stable_reinforce loss trains on, and this server does not "
+                          "provide that loss; create the sampling client with record_stability_info=False (the "
+                          "default) and train with ppo, cispo, gspo or importance_sampling")
+
+
 def _recorded(registry: provenance.SequenceRegistry, sequence_ids: list[str], prompt_length: int,
               response: types.SampleResponse) -> types.SampleResponse:
     registry.record(sequence_ids, prompt_length, response)
@@ -82,6 +87,7 @@ def _check_sample_options(body: SampleBody, max_num_samples: int) -> None:
     }
     for name, used in unsupported.items():
         if used:
-            raise errors.BadRequestError(f"{name} is not supported by this server; leave it at its default")
+            why = STABILITY_INFO_REFUSAL if name == "record_stability_info" else "leave it at its default"
+            raise errors.BadRequestError(f"{name} is not supported by this server; {why}")
     if body.sampling_session_id is not None and (body.base_model or body.model_path):
         raise errors.BadRequestError("pass sampling_session_id or base_model/model_path, not both")

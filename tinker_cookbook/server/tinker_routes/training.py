@@ -73,6 +73,8 @@ def add_routes(routes: Routes) -> None:
     @route("POST", "/optim_step")
     async def optim_step(request: Request) -> Any:
         body = await parse(request, OptimStepBody)
+        if body.adam_params is None:  # optimizer_params of another family is refused by its validator
+            raise errors.BadRequestError("optim_step: adam_params is required (AdamParams)")
         future = backend.optim_step(state.run_id(body.model_id), body.adam_params)
         return state.track(future, json_response, body.model_id)
 
