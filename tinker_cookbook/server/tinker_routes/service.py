@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import Request
 
 from tinker_cookbook.server.tinker_bodies import ClientConfigBody, CreateSessionBody, SessionHeartbeatBody
+from tinker_cookbook.server.tinker_routes.checkpoints import _paging
 from tinker_cookbook.server.tinker_routes.common import Routes, merged_metadata, parse
 
 # The SDK's feature flags, pinned to the behaviour this server implements: plain API keys, uncompressed protobuf
@@ -65,6 +66,20 @@ def add_routes(routes: Routes) -> None:
         """The client is done: release the adapters and optimizer state of the session's training clients."""
         state.close_session(session_id)
         return {}
+
+    @route("GET", "/sessions")
+    async def list_sessions(request: Request) -> Any:
+        limit, offset = _paging(request, 20)
+        with state.lock:
+            ids = list(state.sessions)
+        return {"sessions": ids[offset:offset + limit]}
+
+    @route("GET", "/sessions/{session_id}")
+    async def get_session(request: Request, session_id: str) -> Any:
+        session = state.session(session_id)
+        with state.lock:
+            return {"training_run_ids": list(session.model_ids),
+                    "sampler_ids": list(session.sampler_ids), "user_metadata": session.user_metadata}
 
     @route("POST", "/telemetry")
     async def telemetry(request: Request) -> Any:
