@@ -152,10 +152,8 @@ class TrainingClient:
         older keyword for the same argument."""
         if optim_params is not None and adam_params is not None:
             return APIFuture.failed(BadRequestError("pass optim_params or adam_params, not both"))
-        params = optim_params if optim_params is not None else adam_params
-        if params is None:
-            return APIFuture.failed(BadRequestError("optim_step needs AdamParams, e.g. "
-                                                    "optim_step(types.AdamParams(learning_rate=1e-4))"))
+        # None goes on as it is: the engine's check names it (adam_params=None is a NoneType, ...).
+        params: Any = optim_params if optim_params is not None else adam_params
         return self._submit(lambda: self._backend.optim_step(self.model_id, params))
 
     async def optim_step_async(self, optim_params: types.AdamParams | None = None, *,
