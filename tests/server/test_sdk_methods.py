@@ -240,3 +240,41 @@ def test_hosted_only_methods_fail_fast_and_clearly(method: str, service, monkeyp
     # The SDK retries only 408/409/429/5xx and connection errors: a 4xx ends it at once.
     assert time.monotonic() - start < 30, (method, why)
     assert isinstance(raised.value, RuntimeError) or getattr(raised.value, "status_code", 404) < 500, raised.value
+
+
+# Field differences between the SDK's types and this project's that are intended, and why.
+FIELD_DIFFERENCES = {
+    # The SDK's numpy-backed storage (``*_np``) versus plain lists here; both expose the list properties.
+    "SampledSequence": ({"logprobs_np", "tokens_np", "topk_logprobs_np"}, {"logprobs", "tokens"}),
+    "SampleResponse": ({"prompt_logprobs_np", "topk_prompt_logprobs_np", "prompt_alt_tokens",
+                        "target_prompt_logprobs"}, {"prompt_logprobs", "topk_prompt_logprobs", "type"}),
+    # Sparse CSR loss inputs are densified on arrival (the server reads both layouts).
+    "TensorData": ({"sparse_col_indices", "sparse_crow_indices"}, {"data"}),
+    # A discriminator, so that the two span kinds (identical fields) survive JSON.
+    "PromptProvenanceSpan": (set(), {"type"}),
+    "SampledProvenanceSpan": (set(), {"type"}),
+    # The losses this engine has (the SDK's type drops it; the wire answer carries it).
+    "GetServerCapabilitiesResponse": (set(), {"supported_loss_fns"}),
+}
+
+
+def _fields(cls: type) -> set[str]:
+    import dataclasses
+
+    if hasattr(cls, "model_fields"):
+        return set(cls.model_fields)
+    if dataclasses.is_dataclass(cls):
+        return {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")}
+    return set()  # an alias or a plain class: no fields to compare
+
+
+def test_types_have_the_sdk_fields() -> None:
+    """Every type both define has the SDK 0.38's fields, but for the differences listed (and explained) above."""
+    from tinker_cookbook.tinker import types as ours
+
+    shared = [n for n in dir(ours) if isinstance(getattr(ours, n), type) and isinstance(getattr(sdk_types, n, None), type)]
+    assert len(shared) > 30
+    for name in shared:
+        theirs_only = _fields(getattr(sdk_types, name)) - _fields(getattr(ours, name))
+        ours_only = _fields(getattr(ours, name)) - _fields(getattr(sdk_types, name))
+        assert (theirs_only, ours_only) == FIELD_DIFFERENCES.get(name, (set(), set())), name

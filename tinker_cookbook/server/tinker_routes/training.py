@@ -118,7 +118,7 @@ def add_routes(routes: Routes) -> None:
             def create() -> types.LoadWeightsResponse:
                 run_id, _, _ = backend.create_session_from_state(body.path, body.optimizer, metadata)
                 state.register_model(session_id, model_id, run_id)
-                return types.LoadWeightsResponse(path=body.path, type="load_weights")
+                return types.LoadWeightsResponse(path=body.path, model_id=model_id, type="load_weights")
 
             return state.track(state.in_thread(create), json_response, model_id)
         if body.model_id is None:

@@ -395,6 +395,9 @@ class SaveWeightsForSamplerResponse(LooseBase):
 
 class LoadWeightsResponse(LooseBase):
     path: str | None = None
+    model_id: ModelID | None = None
+    """The training client the weights were loaded onto."""
+
     type: Literal["load_weights"] | None = None
 
 
@@ -404,6 +407,12 @@ class ModelData(LooseBase):
     tokenizer_id: str | None = None
 
 
+class AdamOptimizerConfig(LooseBase):
+    """The optimizer family a training client steps with (AdamW, the only one here)."""
+
+    type: Literal["adamw"] = "adamw"
+
+
 class GetInfoResponse(LooseBase):
     type: Literal["get_info"] | None = None
     model_data: ModelData
@@ -411,6 +420,7 @@ class GetInfoResponse(LooseBase):
     is_lora: bool | None = None
     lora_rank: int | None = None
     model_name: str | None = None
+    optimizer_config: AdamOptimizerConfig = AdamOptimizerConfig()
 
 
 class SupportedModel(LooseBase):
@@ -470,6 +480,9 @@ class SampleResponse(LooseBase):
 
     topk_prompt_logprobs: list[list[tuple[int, float]] | None] | None = None
     """With topk_prompt_logprobs=k: up to k (token_id, logprob) pairs per prompt token, the first None."""
+
+    prompt_cache_hit_tokens: int = 0
+    """Prompt tokens served from a prefix cache (none here: every prompt is prefilled)."""
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -532,6 +545,7 @@ class Checkpoint(LooseBase):
     size_bytes: int | None = None
     public: bool = False
     expires_at: datetime | None = None
+    user_metadata: dict[str, str] | None = None
 
 
 class TrainingRun(LooseBase):
@@ -570,6 +584,7 @@ class WeightsInfoResponse(LooseBase):
     train_unembed: bool | None = None
     train_mlp: bool | None = None
     train_attn: bool | None = None
+    optimizer_config: AdamOptimizerConfig = AdamOptimizerConfig()
 
 
 class CheckpointArchiveUrlResponse(LooseBase):
