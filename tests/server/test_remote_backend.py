@@ -109,3 +109,25 @@ def test_sl_basic_recipe_runs_through_the_sdk(server_url: str, tmp_path: Path) -
     # The checkpoints were written by the server (in the test process's store), not by an engine in the recipe.
     assert not (tmp_path / "client-home" / "runs").exists()
     assert (tmp_path / "log" / "checkpoints.jsonl").exists()
+
+
+def test_provenance_through_the_server(server_url: str) -> None:
+    """Sequence ids come from the server; spans naming them cross the wire (as the SDK's span types) and train."""
+    client = tinker.ServiceClient(base_url=server_url).create_lora_training_client(MODEL, rank=4, seed=6)
+    sampler = client.save_weights_and_get_sampling_client()
+    prompt = types.ModelInput.from_ints([1, 5, 9, 14])
+    sequence = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=3, seed=2)).result().sequences[0]
+    assert sequence.sequence_id and sequence.sequence_id.startswith("seq-")
+    tokens, sid = sequence.tokens, sequence.sequence_id
+    traced = types.Datum(
+        model_input=prompt.append(types.EncodedTextChunk(tokens=tokens[:-1])),
+        loss_fn_inputs={"target_tokens": [0] * 3 + tokens, "logprobs": [0.0] * 3 + (sequence.logprobs or []),
+                        "advantages": [0.0] * 3 + [0.5] * len(tokens)},
+    ).with_provenance(
+        model_input=[types.PromptProvenanceSpan(sequence_id=sid, length=4),
+                     types.SampledProvenanceSpan(sequence_id=sid, length=len(tokens) - 1)],
+        loss_fn_inputs=[types.PromptProvenanceSpan(sequence_id=sid, offset=1, length=3),
+                        types.SampledProvenanceSpan(sequence_id=sid, length=len(tokens))])
+    out = client.forward_backward([traced], "importance_sampling").result()
+    assert len(out.loss_fn_outputs[0]["logprobs"].data) == traced.model_input.length
+    client.close()
