@@ -19,8 +19,9 @@ from typing import Any
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError
 
-MAX_REMEMBERED_SEQUENCES = 1 << 18
-"""Sequence ids remembered (about 100 bytes each); the least recently used are forgotten beyond this."""
+MAX_REMEMBERED_SEQUENCES = 1 << 16
+"""Sequence ids remembered (a few hundred bytes each); the least recently used are forgotten beyond this. An RL
+step of 128 groups of 16 samples uses 2,048, so this covers the 32 most recent steps."""
 
 
 @dataclass(frozen=True)
