@@ -32,7 +32,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tinker_cookbook.base.hosts import is_loopback
 from tinker_cookbook.exceptions import ConfigurationError
-from tinker_cookbook.server.guards import RequestHeaderCheck, internal_error_text, public_text, register_store_root
+from tinker_cookbook.server.guards import (
+    RequestHeaderCheck,
+    internal_error_text,
+    public_text,
+    register_store_root,
+)
 from tinker_cookbook.tinker import errors
 from tinker_cookbook.tinker.backend import Backend
 

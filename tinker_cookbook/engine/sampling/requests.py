@@ -100,7 +100,7 @@ def _max_tokens(value: Any, prompt_len: int, limits: ModelLimits) -> int:
     return int(value)
 
 
-def _row_params(params: types.SamplingParams) -> RowParams:
+def _row_params(params: types.SamplingParams, vocab_size: int) -> RowParams:
     temperature, top_k, top_p = params.temperature, params.top_k, params.top_p
     if not isinstance(temperature, numbers.Real) or not math.isfinite(temperature) or temperature < 0:
         raise BadRequestError(
@@ -112,7 +112,9 @@ def _row_params(params: types.SamplingParams) -> RowParams:
         )
     if not isinstance(top_p, numbers.Real) or not (0.0 < top_p <= 1.0):
         raise BadRequestError(f"sampling_params.top_p must be in (0, 1] (1 = no nucleus cut), got {top_p!r}")
-    return RowParams(temperature=float(temperature), top_k=max(int(top_k), 0), top_p=float(top_p))
+    # A top_k of the vocabulary or more cuts nothing: it becomes 0 (no limit), so that no huge value reaches torch.
+    return RowParams(temperature=float(temperature), top_k=0 if top_k >= vocab_size else max(int(top_k), 0),
+                     top_p=float(top_p))
 
 
 def _stops(stop: Any, limits: ModelLimits) -> tuple[frozenset[int], tuple[str, ...]]:
@@ -184,7 +186,7 @@ def validate_request(
         prompt=tokens,
         num_samples=int(num_samples),
         max_tokens=_max_tokens(params.max_tokens, len(tokens), limits),
-        row=_row_params(params),
+        row=_row_params(params, limits.vocab_size),
         seed=None if params.seed is None else int(params.seed),
         stop_token_ids=stop_ids,
         stop_strings=stop_strings,
