@@ -743,6 +743,7 @@ def test_compute_logprobs_request_needs_no_decode_step(
         ({"max_tokens": 10**6}, "max_tokens"),
         ({"temperature": -0.5}, "temperature"),
         ({"temperature": math.nan}, "temperature"),
+        ({"temperature": 1e-40}, "temperature=1e-40 is too small"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -2}, "top_k"),

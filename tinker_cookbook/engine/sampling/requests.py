@@ -25,6 +25,11 @@ every later request, so an unbounded count would hold the sampler for everyone e
 sizes. Callers who need more split them into several requests."""
 
 
+MIN_TEMPERATURE = 1e-6
+"""The smallest temperature above 0: much smaller ones overflow the scaled logits (float32 ends near 3e38) into
+NaN, and already 1e-6 draws the most likely token with probability 1 in float32 (greedy is ``temperature=0``)."""
+
+
 @dataclass(frozen=True)
 class ModelLimits:
     """What a request is checked against."""
@@ -105,6 +110,11 @@ def _row_params(params: types.SamplingParams, vocab_size: int) -> RowParams:
     if not isinstance(temperature, numbers.Real) or not math.isfinite(temperature) or temperature < 0:
         raise BadRequestError(
             f"sampling_params.temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}"
+        )
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise BadRequestError(
+            f"sampling_params.temperature={temperature!r} is too small to sample with: logits divided by it "
+            f"overflow; use 0 for greedy decoding or a temperature of at least {MIN_TEMPERATURE}"
         )
     if not _is_int(top_k) or top_k < -1:
         raise BadRequestError(
