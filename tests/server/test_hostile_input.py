@@ -289,3 +289,16 @@ def test_the_official_sdk_works_through_all_checks(server: Any) -> None:
     start = time.monotonic()
     assert service.create_rest_client().list_training_runs().result().training_runs
     assert time.monotonic() - start < 60
+
+
+def test_allowed_pages_get_cors_headers_and_their_preflight_is_answered(client: TestClient) -> None:
+    preflight = client.options("/v1/chat/completions", headers={
+        "Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type"})
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == "http://localhost:3000"
+    answer = client.get("/v1/models", headers={"Origin": "http://127.0.0.1:8080"})
+    assert answer.headers["access-control-allow-origin"] == "http://127.0.0.1:8080"
+    refused = client.options("/v1/chat/completions", headers={"Origin": "https://evil.example",
+                                                              "Access-Control-Request-Method": "POST"})
+    assert refused.status_code == 403 and "access-control-allow-origin" not in refused.headers

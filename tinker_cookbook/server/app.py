@@ -27,13 +27,16 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tinker_cookbook.base.hosts import is_loopback
 from tinker_cookbook.exceptions import ConfigurationError
 from tinker_cookbook.server.guards import (
-    RequestHeaderCheck,
+    AddressCheck,
+    ContentTypeCheck,
+    cors_settings,
     internal_error_text,
     public_text,
     register_store_root,
@@ -249,12 +252,15 @@ def create_app(backend: Backend[Any], *, api_key: str | None = None, host: str =
     app.include_router(openai_api.build_router(backend, limits, app.state.models))
     app.include_router(tinker_api.build_router(backend))
     _add_error_handlers(app)
-    # Outermost first when serving: the key check, the header checks, then the body limit, then routing.
+    # Outermost first when serving: Host and Origin, CORS (a browser's preflight carries no key), the key check,
+    # the Content-Type check, the body limit, then routing.
     app.add_middleware(_BodyLimit, max_bytes=limits.max_body_bytes)
-    app.add_middleware(RequestHeaderCheck, send_error=_send_error, bind_host=host, allowed_hosts=allowed_hosts,
-                       allowed_origins=allowed_origins)
+    app.add_middleware(ContentTypeCheck, send_error=_send_error)
     if api_key:
         app.add_middleware(_APIKeyCheck, api_key=api_key)
+    app.add_middleware(CORSMiddleware, **cors_settings(allowed_origins))
+    app.add_middleware(AddressCheck, send_error=_send_error, bind_host=host, allowed_hosts=allowed_hosts,
+                       allowed_origins=allowed_origins)
     return app
 
 

@@ -1,6 +1,6 @@
 """What a request must show before any route reads it, and what an answer may show of this machine.
 
-Browsers (``RequestHeaderCheck``): a web page the user visits can send requests to a server on the user's own
+Browsers (``AddressCheck``, ``ContentTypeCheck``): a web page the user visits can send requests to a server on the user's own
 machine, and a server without a key would obey them. Three checks stop that without touching other clients (SDKs,
 ``curl``, the OpenAI client), which send no ``Origin`` and always send JSON:
 
@@ -12,7 +12,8 @@ machine, and a server without a key would obey them. Three checks stop that with
 - ``Content-Type``: a body must be JSON (``forward_backward`` also takes protobuf); 415 otherwise. HTML forms and
   ``fetch`` without a CORS preflight can only send text, form or multipart bodies.
 
-``"*"`` in ``allowed_hosts`` / ``allowed_origins`` turns that check off. ``tinker-cookbook serve --allow-host`` and
+Pages that pass the ``Origin`` check get CORS headers (``cors_settings``), so that a browser lets them read the
+answers and send JSON. ``"*"`` in ``allowed_hosts`` / ``allowed_origins`` turns that check off. ``tinker-cookbook serve --allow-host`` and
 ``--allow-origin`` set them (docs/serving.md).
 
 Machine paths (``public_text``): error messages of the engine name files of the checkpoint store, the model cache
@@ -64,8 +65,12 @@ def _is_json(media_type: str) -> bool:
     return media_type == "application/json" or (media_type.startswith("application/") and media_type.endswith("+json"))
 
 
-class RequestHeaderCheck:
-    """The ``Host``, ``Origin`` and ``Content-Type`` checks above, before routing (plain ASGI middleware)."""
+def _headers(scope: Scope) -> dict[bytes, str]:
+    return {name: value.decode("latin-1") for name, value in scope.get("headers", [])}
+
+
+class AddressCheck:
+    """The ``Host`` and ``Origin`` checks above, before anything else (plain ASGI middleware)."""
 
     def __init__(self, app: ASGIApp, *, send_error: ErrorSender, bind_host: str,
                  allowed_hosts: Sequence[str] = (), allowed_origins: Sequence[str] = ()) -> None:
@@ -80,9 +85,8 @@ class RequestHeaderCheck:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = {name: value.decode("latin-1") for name, value in scope.get("headers", [])}
-        problem = (self._host_problem(headers.get(b"host")) or self._origin_problem(headers)
-                   or self._content_problem(scope, headers))
+        headers = _headers(scope)
+        problem = self._host_problem(headers.get(b"host")) or self._origin_problem(headers)
         if problem is not None:
             return await self.send_error(send, *problem)
         await self.app(scope, receive, send)
@@ -119,25 +123,53 @@ class RequestHeaderCheck:
                      "request, and only pages on this machine (localhost) may call it; start the server with "
                      f"--allow-origin {origin} to allow that site")
 
-    def _content_problem(self, scope: Scope, headers: dict[bytes, str]) -> tuple[int, str] | None:
-        if scope.get("method") not in _BODY_METHODS:
+
+
+class ContentTypeCheck:
+    """The ``Content-Type`` check above (after the key check: a client without the key learns only that)."""
+
+    def __init__(self, app: ASGIApp, *, send_error: ErrorSender) -> None:
+        self.app = app
+        self.send_error = send_error
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            problem = _content_problem(scope, _headers(scope))
+            if problem is not None:
+                return await self.send_error(send, *problem)
+        await self.app(scope, receive, send)
+
+
+def _content_problem(scope: Scope, headers: dict[bytes, str]) -> tuple[int, str] | None:
+    if scope.get("method") not in _BODY_METHODS:
+        return None
+    content_type = headers.get(b"content-type")
+    if content_type is None:
+        has_body = headers.get(b"content-length", "0").strip() != "0" or b"transfer-encoding" in headers
+        if not has_body:
             return None
-        content_type = headers.get(b"content-type")
-        if content_type is None:
-            has_body = headers.get(b"content-length", "0").strip() != "0" or b"transfer-encoding" in headers
-            if not has_body:
-                return None
-            media_type = ""
-        else:
-            media_type = content_type.split(";", 1)[0].strip().lower()
-        if _is_json(media_type):
-            return None
-        path = scope.get("path", "")
-        if media_type == "application/x-protobuf" and path in PROTOBUF_PATHS:
-            return None
-        expected = "application/json" + (" or application/x-protobuf" if path in PROTOBUF_PATHS else "")
-        return 415, (f"{path} takes an {expected} body, but the request's Content-Type is "
-                     f"{content_type or 'missing'}; send the body as JSON with 'Content-Type: application/json'")
+        media_type = ""
+    else:
+        media_type = content_type.split(";", 1)[0].strip().lower()
+    if _is_json(media_type):
+        return None
+    path = scope.get("path", "")
+    if media_type == "application/x-protobuf" and path in PROTOBUF_PATHS:
+        return None
+    expected = "application/json" + (" or application/x-protobuf" if path in PROTOBUF_PATHS else "")
+    return 415, (f"{path} takes an {expected} body, but the request's Content-Type is "
+                 f"{content_type or 'missing'}; send the body as JSON with 'Content-Type: application/json'")
+
+
+LOOPBACK_ORIGIN = r"https?://(localhost|127\.\d{1,3}\.\d{1,3}\.\d{1,3}|\[::1\])(:\d+)?"
+
+
+def cors_settings(allowed_origins: Sequence[str]) -> dict[str, Any]:
+    """Starlette ``CORSMiddleware`` settings for the origins ``AddressCheck`` lets through: loopback pages
+    and the allowed origins. No cookies are involved (keys travel in headers), so no credentials mode."""
+    listed = [o.strip().rstrip("/") for o in allowed_origins]
+    return {"allow_origins": ["*"] if ANY in listed else listed, "allow_origin_regex": LOOPBACK_ORIGIN,
+            "allow_methods": ["*"], "allow_headers": ["*"], "allow_credentials": False}
 
 
 # ---------------------------------------------------------------------------------------------------------
