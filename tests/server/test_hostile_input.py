@@ -89,6 +89,12 @@ def test_a_bad_request_never_fails_the_valid_ones_sent_with_it(server: Any, top_
     ("/v1/completions", json.dumps({**COMPLETION, "temperature": 1e-40, "logprobs": 0}).encode(), "temperature"),
     ("/api/v1/asample", json.dumps({"prompt": PROMPT, "base_model": MODEL,
                                     "sampling_params": {"max_tokens": 2, "top_k": 2**63}}).encode(), "top_k"),
+    ("/api/v1/asample", json.dumps({"prompt": PROMPT, "base_model": MODEL, "num_samples": "2",
+                                    "sampling_params": {"max_tokens": 2}}).encode(), "num_samples"),
+    ("/api/v1/asample", json.dumps({"prompt": PROMPT, "base_model": MODEL,
+                                    "sampling_params": {"max_tokens": "2"}}).encode(), "max_tokens"),
+    ("/api/v1/asample", json.dumps({"prompt": PROMPT, "base_model": MODEL, "prompt_logprobs": "true",
+                                    "sampling_params": {"max_tokens": 2}}).encode(), "prompt_logprobs"),
     ("/api/v1/create_session", nested(60_000).replace(b'"model"', b'"tags"'), "nests deeper"),
     ("/api/v1/create_session", json.dumps({"tags": ["\ud800"]}).encode(), "tags[0]"),
 ])
@@ -302,3 +308,17 @@ def test_allowed_pages_get_cors_headers_and_their_preflight_is_answered(client: 
     refused = client.options("/v1/chat/completions", headers={"Origin": "https://evil.example",
                                                               "Access-Control-Request-Method": "POST"})
     assert refused.status_code == 403 and "access-control-allow-origin" not in refused.headers
+
+
+def test_serve_passes_allowed_hosts_and_origins_to_the_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tinker_cookbook.server as server_package
+    from tinker_cookbook import cli, perf_env
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(server_package, "serve", lambda backend, **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(perf_env, "reexec_with_fast_malloc", lambda: None)
+    monkeypatch.delenv(cli.API_KEY_ENV, raising=False)
+    assert cli.main(["serve", "--port", "0", "--allow-host", "models.internal", "--allow-host", "gpu-box",
+                     "--allow-origin", "https://ui.example"]) == 0
+    assert seen["allowed_hosts"] == ["models.internal", "gpu-box"]
+    assert seen["allowed_origins"] == ["https://ui.example"]

@@ -117,7 +117,7 @@ async def parse(request: Request, model: type[M]) -> M:
     raw = await request.body() or b"{}"
     read_json(raw)  # depth, integer range and text checks that name the field
     try:
-        return model.model_validate_json(raw)
+        return model.model_validate_json(raw, strict=True)  # no coercion: "2" is not a number, "true" no bool
     except ValidationError as exc:
         raise errors.BadRequestError(f"{request.url.path}: {_validation_summary(exc)}") from None
 
