@@ -124,7 +124,6 @@ class AddressCheck:
                      f"--allow-origin {origin} to allow that site")
 
 
-
 class ContentTypeCheck:
     """The ``Content-Type`` check above (after the key check: a client without the key learns only that)."""
 

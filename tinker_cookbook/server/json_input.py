@@ -44,17 +44,49 @@ def check_json_values(data: Any) -> None:
             raise BadRequestError(f"{where or 'the body'}: nested deeper than {MAX_JSON_DEPTH} levels; send a "
                                   "flatter JSON object")
         if isinstance(value, dict):
-            for key, item in value.items():
+            items: Any = value.items()
+            for key, _ in value.items():
                 _check_text(key, where or "the body", "a key")
-                stack.append((item, f"{where}.{key}" if where else str(key), depth + 1))
         elif isinstance(value, list):
-            stack.extend((item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value))
-        elif isinstance(value, str):
-            _check_text(value, where or "the body", "the string")
-        elif isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
-            shown = str(value) if len(str(value)) <= 40 else f"a {len(str(value))}-digit integer"
-            raise BadRequestError(f"{where or 'the body'}: {shown} is outside the signed 64-bit integer range "
-                                  f"[-2**63, 2**63 - 1] that this server accepts; send a smaller value")
+            if _plain_ints(value):
+                continue
+            items = enumerate(value)
+        else:
+            _check_scalar(value, where or "the body")
+            continue
+        for key, item in items:
+            if isinstance(item, dict | list):
+                stack.append((item, _path(where, key), depth + 1))
+            elif not _scalar_ok(item):  # scalars are checked in place: a prompt may hold a million token ids
+                _check_scalar(item, _path(where, key))
+
+
+def _plain_ints(values: list[Any]) -> bool:
+    """Whether ``values`` are all integers in range, checked at C speed (token id lists are long)."""
+    if not all(type(v) is int for v in values):
+        return False
+    return not values or (INT64_MIN <= min(values) and max(values) <= INT64_MAX)
+
+
+def _path(where: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{where}[{key}]"
+    return f"{where}.{key}" if where else key
+
+
+def _scalar_ok(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.isascii()
+    return not isinstance(value, int) or INT64_MIN <= value <= INT64_MAX
+
+
+def _check_scalar(value: Any, where: str) -> None:
+    if isinstance(value, str):
+        _check_text(value, where, "the string")
+    elif isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+        shown = str(value) if len(str(value)) <= 40 else f"a {len(str(value))}-digit integer"
+        raise BadRequestError(f"{where}: {shown} is outside the signed 64-bit integer range [-2**63, 2**63 - 1] "
+                              "that this server accepts; send a smaller value")
 
 
 def _check_text(text: str, where: str, what: str) -> None:
