@@ -275,9 +275,14 @@ def test_allowed_hosts_and_origins_widen_the_checks() -> None:
     assert public.get("/v1/models", headers={"X-API-Key": "tml-0123456789abcdef"}).status_code == 200
 
 
-def test_finishing_an_unknown_session_is_a_404(client: TestClient) -> None:
+def test_finishing_an_unknown_session_is_a_404_and_finishing_twice_is_fine(client: TestClient) -> None:
     answer = client.post("/api/v1/sessions/no-such-session/finish")
     assert answer.status_code == 404 and "no-such-session" in error_message(answer)
+    session = new_session(client)
+    for _ in range(2):
+        assert client.post(f"/api/v1/sessions/{session}/finish", json={"reason": {"type": "success"}}).status_code \
+            == 200
+    assert client.post("/api/v1/session_heartbeat", json={"session_id": session}).status_code == 410
 
 
 def test_the_official_sdk_works_through_all_checks(server: Any) -> None:

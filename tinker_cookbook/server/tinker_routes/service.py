@@ -65,11 +65,12 @@ def add_routes(routes: Routes) -> None:
     @route("POST", "/sessions/{session_id}/finish")
     async def finish_session(request: Request, session_id: str) -> Any:
         """The client is done: release the adapters and optimizer state of the session's training clients."""
+        if state.has_ended(session_id):
+            return {}  # finishing is idempotent: the first finish (or the expiry) already released everything
         try:
             state.session(session_id)
         except SessionGone:  # 410 tells a heartbeating client to stop; finishing an unknown session is a 404
-            raise errors.NotFoundError(f"session_id={session_id!r} is not an open session of this server (it "
-                                       "finished already, expired or never existed)") from None
+            raise errors.NotFoundError(f"session_id={session_id!r} is not a session of this server") from None
         state.close_session(session_id)
         return {}
 
