@@ -327,3 +327,20 @@ def test_serve_passes_allowed_hosts_and_origins_to_the_app(monkeypatch: pytest.M
                      "--allow-origin", "https://ui.example"]) == 0
     assert seen["allowed_hosts"] == ["models.internal", "gpu-box"]
     assert seen["allowed_origins"] == ["https://ui.example"]
+
+
+def test_a_checkpoint_that_does_not_load_leaves_no_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tinker_cookbook.engine.training import session as engine_session
+
+    service = tinker.ServiceClient()
+    path = service.create_lora_training_client(MODEL, rank=2).save_state("loadable").result().path
+    rest = service.create_rest_client()
+    before = rest.list_training_runs(limit=1000).result().training_runs
+
+    def unreadable(*args: Any, **kwargs: Any) -> None:
+        raise OSError("the adapter file is truncated")
+
+    monkeypatch.setattr(engine_session.TrainingSession, "load_state", unreadable)
+    with pytest.raises(tinker.APIError, match="truncated"):
+        service.create_training_client_from_state(path)
+    assert rest.list_training_runs(limit=1000).result().training_runs == before

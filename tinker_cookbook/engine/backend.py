@@ -176,8 +176,13 @@ class LocalBackend:
         run_id = self.create_session(meta["base_model"], lora, user_metadata)
         try:
             self.submit_session(run_id, lambda s: s.load_state(directory, with_optimizer, path)).result()
-        except BaseException:
-            self.close_session(run_id)  # a checkpoint that does not load leaves no half-made client behind
+        except Exception:
+            # A checkpoint that does not load leaves no half-made client behind, and no run that lists it.
+            self.close_session(run_id).result()
+            self.store.discard_new_run(run_id)
+            raise
+        except BaseException:  # interrupted: release the client without waiting
+            self.close_session(run_id)
             raise
         return run_id, meta["base_model"], lora
 
