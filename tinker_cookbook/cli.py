@@ -314,7 +314,8 @@ def serve(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
     limits = ServerLimits(**{k: v for k, v in chosen.items() if v is not None})
     run_server(local_backend(), host=args.host, port=args.port, api_key=api_key,
                key_generated=args.generate_api_key, limits=limits, preload=args.model or (),
-               access_log=args.access_log)
+               access_log=args.access_log, allowed_hosts=args.allow_host or (),
+               allowed_origins=args.allow_origin or ())
 
 
 def _positive(text: str) -> int:
@@ -400,6 +401,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body-bytes", type=_positive, help="largest request body (default 8 MiB)")
     p.add_argument("--max-n", type=_positive, help="largest n per request (default 16)")
     p.add_argument("--max-samples-per-request", type=_positive, help="largest prompts x n per request (default 64)")
+    p.add_argument("--allow-host", action="append", metavar="NAME",
+                   help="also answer requests addressed to this host name (repeatable; '*' for any). A loopback "
+                   "server otherwise answers only localhost, 127.0.0.1 and [::1] (DNS rebinding guard)")
+    p.add_argument("--allow-origin", action="append", metavar="ORIGIN",
+                   help="let web pages from this origin (e.g. https://app.example) call the server (repeatable; "
+                   "'*' for any). Otherwise only pages on localhost may")
     p.add_argument("--access-log", action="store_true", help="log every request")
     p.set_defaults(handler=serve)
     return parser

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import math
 from typing import Any
 
@@ -12,8 +13,10 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 
 from tinker_cookbook.engine.sampling import decode as sampler_decode
 from tinker_cookbook.engine.sampling import decoder_model as sampler_model
-from tinker_cookbook.engine.sampling.batch import KVPool
+from tinker_cookbook.engine.sampling import sampler as sampler_module
+from tinker_cookbook.engine.sampling.batch import KVPool, RowParams, select_tokens_per_owner
 from tinker_cookbook.engine.sampling.sampler import SamplerEngine
+from tinker_cookbook.engine.sampling.steps import DecoderBatch
 from tinker_cookbook.engine.sampling.weights import SamplingWeights, default_sampling_dtype
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError, RequestFailedError, UnprocessableEntityError
@@ -740,6 +743,7 @@ def test_compute_logprobs_request_needs_no_decode_step(
         ({"max_tokens": 10**6}, "max_tokens"),
         ({"temperature": -0.5}, "temperature"),
         ({"temperature": math.nan}, "temperature"),
+        ({"temperature": 1e-40}, "temperature=1e-40 is too small"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -2}, "top_k"),
@@ -926,3 +930,81 @@ def test_default_dtype_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TINKER_COOKBOOK_SAMPLER_DTYPE", "fp8")
     with pytest.raises(BadRequestError, match="fp8"):
         default_sampling_dtype()
+
+
+# A row whose parameters slipped past validation (here: a top_k no int64 holds, which torch refuses) must fail its
+# own request only. It is planted after validation: at the first token (prefill) or at a later decode step.
+_UNREPRESENTABLE = RowParams(temperature=1.0, top_k=2**64, top_p=1.0)
+
+
+def _plant_bad_row(monkeypatch: pytest.MonkeyPatch, where: str, marker_seed: int) -> None:
+    if where == "first token":
+        original_validate = sampler_module.validate_request
+
+        def validate(*args: Any) -> Any:
+            spec = original_validate(*args)
+            return dataclasses.replace(spec, row=_UNREPRESENTABLE) if spec.seed == marker_seed else spec
+
+        monkeypatch.setattr(sampler_module, "validate_request", validate)
+    else:
+        original_place = DecoderBatch.place
+
+        def place(self: DecoderBatch) -> None:
+            original_place(self)
+            for sequence in self.active:
+                if sequence.request.spec.seed == marker_seed:
+                    sequence.params = _UNREPRESENTABLE
+
+        monkeypatch.setattr(DecoderBatch, "place", place)
+
+
+@pytest.mark.parametrize("where", ["first token", "decode"])
+def test_a_bad_row_fails_only_its_request_and_not_its_batch_neighbours(
+    qwen3_weights: SamplingWeights, tokenizer: Any, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    prompts = ["one", "two", "three", "four"]
+    with SamplerEngine() as alone:  # the reference: each valid request by itself, same seeds
+        expected = [alone.submit(qwen3_weights, tokenizer, _prompt(tokenizer, p), 2,
+                                 types.SamplingParams(max_tokens=4, seed=i)).result(timeout=60)
+                    for i, p in enumerate(prompts)]
+    _plant_bad_row(monkeypatch, where, marker_seed=99)
+    with SamplerEngine() as engine:
+        submitted = [engine.submit(qwen3_weights, tokenizer, _prompt(tokenizer, p), 2,
+                                   types.SamplingParams(max_tokens=4, seed=i)) for i, p in enumerate(prompts[:2])]
+        bad = engine.submit(qwen3_weights, tokenizer, _prompt(tokenizer, "bad"), 3,
+                            types.SamplingParams(max_tokens=4, seed=99))
+        submitted += [engine.submit(qwen3_weights, tokenizer, _prompt(tokenizer, p), 2,
+                                    types.SamplingParams(max_tokens=4, seed=i + 2)) for i, p in enumerate(prompts[2:])]
+        with pytest.raises(RequestFailedError, match="sampling failed"):
+            bad.result(timeout=60)
+        got = [future.result(timeout=60) for future in submitted]
+        assert engine.stats().max_batch_sequences_seen > 2, "the requests should have shared a batch"
+    for response, reference in zip(got, expected, strict=True):
+        assert [s.tokens for s in response.sequences] == [s.tokens for s in reference.sequences]
+
+
+def test_select_tokens_per_owner_isolates_the_owner_of_a_bad_row() -> None:
+    """The retry per owner gives the good rows exactly what the batched call would, with the same uniforms."""
+    torch.manual_seed(0)
+    logits = torch.randn(5, 300)
+    good = RowParams(temperature=0.7, top_k=20, top_p=0.9)
+    uniforms = [0.1, 0.5, 0.9, 0.3, 0.7]
+    owners = ["a", "a", "b", "c", "c"]
+    clean = select_tokens_per_owner(logits, [good] * 5, uniforms, owners)
+    assert all(not isinstance(r, Exception) for r in clean)
+    mixed = select_tokens_per_owner(logits, [good, good, _UNREPRESENTABLE, good, good], uniforms, owners)
+    assert isinstance(mixed[2], Exception)
+    assert [mixed[i] for i in (0, 1, 3, 4)] == [clean[i] for i in (0, 1, 3, 4)]
+    # One owner only: nothing to isolate, every row carries the error.
+    assert all(isinstance(r, Exception) for r in select_tokens_per_owner(logits[2:3], [_UNREPRESENTABLE], [0.5], ["b"]))
+
+
+def test_a_top_k_beyond_the_vocabulary_means_no_cut(
+    engine: SamplerEngine, qwen3_weights: SamplingWeights, tokenizer: Any
+) -> None:
+    """Keeping more tokens than exist keeps them all: the same draws as top_k=-1, for any size of top_k."""
+    hi = _prompt(tokenizer, "hi")
+    unlimited = _sample(engine, qwen3_weights, tokenizer, hi, 2, max_tokens=3, seed=5, top_k=-1)
+    for top_k in (151936, 2**40, 2**63 - 1):
+        capped = _sample(engine, qwen3_weights, tokenizer, hi, 2, max_tokens=3, seed=5, top_k=top_k)
+        assert [s.tokens for s in capped.sequences] == [s.tokens for s in unlimited.sequences]

@@ -1,12 +1,15 @@
-"""Running an ASGI app on a free loopback port for the duration of a test."""
+"""Running an ASGI app on a free loopback port for the duration of a test; checking what answers show."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import uvicorn
 
 
@@ -30,3 +33,20 @@ def serve(app: object) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+def private_paths() -> list[str]:
+    """What no answer of the server may contain: the store's folder, the home folder, the cache under it and the
+    working folder."""
+    from tinker_cookbook.backends import local_backend
+
+    store = str(local_backend().store.root)
+    return [store, str(Path(store).resolve()), str(Path.home()), "~/.cache", os.getcwd()]
+
+
+def assert_public(response: httpx.Response) -> None:
+    """The answer shows no path of the machine and no traceback."""
+    text = response.text
+    leaked = [p for p in private_paths() if p in text]
+    assert not leaked, f"the answer shows {leaked}: {text}"
+    assert "Traceback" not in text and 'File "' not in text, text

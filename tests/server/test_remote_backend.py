@@ -131,3 +131,17 @@ def test_provenance_through_the_server(server_url: str) -> None:
     out = client.forward_backward([traced], "importance_sampling").result()
     assert len(out.loss_fn_outputs[0]["logprobs"].data) == traced.model_input.length
     client.close()
+
+
+def test_a_remote_url_without_a_key_raises_a_typed_error_naming_url_and_key(monkeypatch, tmp_path) -> None:
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no key stored by `tinker auth login` either
+    with pytest.raises(tinker.AuthenticationError, match=r"'https://tinker\.example\.invalid'.*no API key.*"
+                                                         r"TINKER_API_KEY"):
+        tinker.ServiceClient(base_url="https://tinker.example.invalid")
+
+
+def test_an_untyped_sdk_error_becomes_one_of_ours() -> None:
+    sdk = _remote.import_sdk()
+    translated = _remote.translate_error(sdk.TinkerError("some option is wrong"))
+    assert isinstance(translated, tinker.APIError) and "some option is wrong" in str(translated)

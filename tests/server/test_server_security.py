@@ -34,7 +34,7 @@ def public_app():
 
 @pytest.fixture(scope="module")
 def local_app():
-    return TestClient(create_app(local_backend(), limits=ServerLimits(max_body_bytes=2000)))
+    return TestClient(create_app(local_backend(), limits=ServerLimits(max_body_bytes=2000)), base_url="http://localhost")
 
 
 @pytest.mark.parametrize(("host", "loopback"), [
@@ -91,7 +91,8 @@ def test_oversize_bodies_get_413(local_app):
         for _ in range(10):
             yield b" " * 500
 
-    assert local_app.post("/v1/chat/completions", content=chunks()).status_code == 413
+    assert local_app.post("/v1/chat/completions", content=chunks(),
+                          headers={"Content-Type": "application/json"}).status_code == 413
 
 
 @pytest.mark.parametrize(("body", "status", "message"), [

@@ -156,8 +156,13 @@ class LocalBackend:
 
         def create() -> str:
             base = self._base(base_model)
+            _check_rank(lora.rank, base)
             run_id = self.store.create_run(base_model, lora, user_metadata)
-            self._sessions[run_id] = TrainingSession(run_id, base, lora)
+            try:
+                self._sessions[run_id] = TrainingSession(run_id, base, lora)
+            except BaseException:
+                self.store.discard_new_run(run_id)  # a client that could not be built leaves no run behind
+                raise
             return run_id
 
         return self.submit(create).result()
@@ -174,8 +179,13 @@ class LocalBackend:
         run_id = self.create_session(meta["base_model"], lora, user_metadata)
         try:
             self.submit_session(run_id, lambda s: s.load_state(directory, with_optimizer, path)).result()
-        except BaseException:
-            self.close_session(run_id)  # a checkpoint that does not load leaves no half-made client behind
+        except Exception:
+            # A checkpoint that does not load leaves no half-made client behind, and no run that lists it.
+            self.close_session(run_id).result()
+            self.store.discard_new_run(run_id)
+            raise
+        except BaseException:  # interrupted: release the client without waiting
+            self.close_session(run_id)
             raise
         return run_id, meta["base_model"], lora
 
@@ -289,6 +299,18 @@ class LocalBackend:
                include_prompt_logprobs: bool, topk_prompt_logprobs: int) -> concurrent.futures.Future[types.SampleResponse]:
         return self.sampler.submit(handle.weights, handle.tokenizer, prompt, num_samples, params,
                                    include_prompt_logprobs, topk_prompt_logprobs)
+
+
+def _check_rank(rank: int, base: BaseModel) -> None:
+    """Refuse a LoRA rank above the model's width: every adapted matrix has a side of at most the width (the
+    hidden size), so a larger rank adds parameters and no expressiveness, and a huge one could not be allocated."""
+    text_config = getattr(base.config, "text_config", None) or base.config
+    width = int(text_config.hidden_size)
+    if rank > width:
+        raise BadRequestError(
+            f"lora_config.rank={rank} is above {base.spec.name}'s hidden size of {width}, the largest rank a LoRA "
+            f"adapter of this model can use; pass a rank between 1 and {width} (e.g. 32)"
+        )
 
 
 def _check_model_name(base_model: object) -> None:

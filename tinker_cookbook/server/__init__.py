@@ -10,9 +10,10 @@
     client.chat.completions.create(model="tinker://RUN/sampler_weights/final", messages=[...])
 
 The server is an adapter over the API's ``Backend`` interface (``tinker_cookbook.tinker.backend``); it never
-imports the engine itself. ``create_app`` builds the app (``app.py``: key check, body limit, error format),
-``openai_api`` holds the OpenAI routes, ``tinker_api`` mounts the Tinker protocol's (``tinker_routes``, one module
-per route group), ``running`` serves it with uvicorn.
+imports the engine itself. ``create_app`` builds the app (``app.py``: key check, body limit, error format;
+``guards``: the Host, Origin and Content-Type checks and the scrubbing of machine paths from answers;
+``json_input``: the one reader of JSON bodies), ``openai_api`` holds the OpenAI routes, ``tinker_api`` mounts the
+Tinker protocol's (``tinker_routes``, one module per route group), ``running`` serves it with uvicorn.
 """
 
 from tinker_cookbook.base.hosts import is_loopback

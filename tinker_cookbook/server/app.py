@@ -8,8 +8,12 @@ it with uvicorn (the ``tinker-cookbook serve`` command). Security defaults:
 - With a key, every request needs it, as ``Authorization: Bearer KEY`` (OpenAI clients) or ``X-API-Key: KEY``
   (the official ``tinker`` SDK); it is compared in constant time.
 - A request body larger than ``ServerLimits.max_body_bytes`` gets 413 before any of it is parsed.
+- Browsers cannot drive it (``guards``): a loopback server answers only loopback ``Host`` names (DNS rebinding),
+  cross-site ``Origin`` headers get 403 and bodies that are not JSON 415; ``allowed_hosts`` / ``allowed_origins``
+  widen the first two.
 - Every error is a JSON body ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's format) with a 4xx
-  status for bad input and 5xx only for engine failures; no request can stop the server.
+  status for bad input and 5xx only for engine failures; no request can stop the server. Messages never carry
+  a traceback or a path of this machine (``guards.public_text``); a bug answers 500 with its class only.
 """
 
 from __future__ import annotations
@@ -23,11 +27,20 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tinker_cookbook.base.hosts import is_loopback
 from tinker_cookbook.exceptions import ConfigurationError
+from tinker_cookbook.server.guards import (
+    AddressCheck,
+    ContentTypeCheck,
+    cors_settings,
+    internal_error_text,
+    public_text,
+    register_store_root,
+)
 from tinker_cookbook.tinker import errors
 from tinker_cookbook.tinker.backend import Backend
 
@@ -101,7 +114,7 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
     """The OpenAI error format, which OpenAI clients turn into their exception's message."""
     kind = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return {"error": {"message": public_text(message), "type": kind, "param": param, "code": status}}
 
 
 def error_response(status: int, message: str, param: str | None = None,
@@ -216,15 +229,19 @@ class _BodyLimit:
 
 
 def create_app(backend: Backend[Any], *, api_key: str | None = None, host: str = "127.0.0.1",
-               limits: ServerLimits | None = None, preload: Sequence[str] = ()) -> FastAPI:
+               limits: ServerLimits | None = None, preload: Sequence[str] = (),
+               allowed_hosts: Sequence[str] = (), allowed_origins: Sequence[str] = ()) -> FastAPI:
     """The server's app for ``backend``; raises ConfigurationError for a non-loopback ``host`` without a key.
 
-    ``host`` is the address the app will be served on: it decides whether a key is required. ``preload``: models
-    (base names or ``tinker://`` paths) to load now rather than on their first request.
+    ``host`` is the address the app will be served on: it decides whether a key is required and whether only
+    loopback ``Host`` names are answered. ``preload``: models (base names or ``tinker://`` paths) to load now
+    rather than on their first request. ``allowed_hosts``: other names the server answers to (e.g. behind a
+    proxy); ``allowed_origins``: web origins (``https://app.example``) whose pages may call it; ``"*"``: any.
     """
     from tinker_cookbook.server import openai_api, tinker_api
 
     check_bind(host, api_key)
+    register_store_root(getattr(getattr(backend, "store", None), "root", None))
     limits = limits or ServerLimits()
     app = FastAPI(title="tinker-cookbook", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.limits = limits
@@ -235,10 +252,15 @@ def create_app(backend: Backend[Any], *, api_key: str | None = None, host: str =
     app.include_router(openai_api.build_router(backend, limits, app.state.models))
     app.include_router(tinker_api.build_router(backend))
     _add_error_handlers(app)
-    # Outermost first when serving: the key check, then the body limit, then routing.
+    # Outermost first when serving: Host and Origin, CORS (a browser's preflight carries no key), the key check,
+    # the Content-Type check, the body limit, then routing.
     app.add_middleware(_BodyLimit, max_bytes=limits.max_body_bytes)
+    app.add_middleware(ContentTypeCheck, send_error=_send_error)
     if api_key:
         app.add_middleware(_APIKeyCheck, api_key=api_key)
+    app.add_middleware(CORSMiddleware, **cors_settings(allowed_origins))
+    app.add_middleware(AddressCheck, send_error=_send_error, bind_host=host, allowed_hosts=allowed_hosts,
+                       allowed_origins=allowed_origins)
     return app
 
 
@@ -263,9 +285,9 @@ def _add_error_handlers(app: FastAPI) -> None:
         return error_response(status, str(exc))
 
     async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-        # A bug, not bad input: 500 with the cause named; the server keeps serving.
+        # A bug, not bad input: 500 naming the class only (its message may hold paths); the server keeps serving.
         logger.error("request %s %s failed", request.method, request.url.path, exc_info=exc)
-        return error_response(500, f"internal server error: {type(exc).__name__}: {exc}")
+        return error_response(500, internal_error_text(exc))
 
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, validation_error)

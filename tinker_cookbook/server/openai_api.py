@@ -40,6 +40,7 @@ from tinker_cookbook.checkpoint_utils import RENDERER_NAME_METADATA_KEY
 from tinker_cookbook.exceptions import ConfigurationError, RendererError
 from tinker_cookbook.renderers.stops import cut_at_stop_strings, merge_stop_sequences
 from tinker_cookbook.server.app import ServerLimits, describe_validation_errors, error_response
+from tinker_cookbook.server.json_input import read_json
 from tinker_cookbook.tinker import SamplingClient, types
 from tinker_cookbook.tinker.backend import Backend, SamplerHandle
 from tinker_cookbook.tinker.errors import BadRequestError, NotFoundError, TinkerError
@@ -59,7 +60,8 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: no coercion, so n="2", max_tokens=true or logprobs="true" are refused rather than guessed at.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class StreamOptions(_Strict):
@@ -92,7 +94,7 @@ class CompletionRequest(_SamplingRequest):
 
 
 class ContentPartIn(BaseModel):
-    model_config = ConfigDict(extra="allow")  # other part types are refused below, by name
+    model_config = ConfigDict(extra="allow", strict=True)  # other part types are refused below, by name
     type: str
     text: str | None = None
 
@@ -117,10 +119,7 @@ class ChatRequest(_SamplingRequest):
 
 def _parse(model: type[_SamplingRequest], raw: bytes) -> Any:
     """The request body as ``model``; BadRequestError naming every bad field."""
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequestError(f"the request body is not valid JSON ({exc}); send a JSON object") from None
+    data = read_json(raw)
     if not isinstance(data, dict):
         raise BadRequestError(f"the request body must be a JSON object, got {type(data).__name__}")
     try:

@@ -73,12 +73,15 @@ def banner(host: str, port: int, models: Sequence[str], loaded: Sequence[str], a
 def serve(backend: Backend[Any], *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           key_generated: bool = False, limits: ServerLimits | None = None, preload: Sequence[str] = (),
           access_log: bool = False, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-          announce: Callable[[str], None] | None = None) -> None:
+          announce: Callable[[str], None] | None = None, allowed_hosts: Sequence[str] = (),
+          allowed_origins: Sequence[str] = ()) -> None:
     """Serve ``backend`` until interrupted (Ctrl-C); raises ConfigurationError for an unsafe bind.
 
     Once listening it prints (or passes to ``announce``) the banner: URLs, models and whether a key is needed.
+    ``allowed_hosts`` / ``allowed_origins``: see ``create_app``.
     """
-    app = create_app(backend, api_key=api_key, host=host, limits=limits, preload=preload)
+    app = create_app(backend, api_key=api_key, host=host, limits=limits, preload=preload,
+                     allowed_hosts=allowed_hosts, allowed_origins=allowed_origins)
     models = app.state.models.base_model_names()
     loaded = list(preload)
 

@@ -37,6 +37,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from tinker_cookbook.server.guards import register_store_root
 from tinker_cookbook.server.tinker_routes import checkpoints, futures, sampling, service, training
 from tinker_cookbook.server.tinker_routes.common import PROTOBUF, Routes
 from tinker_cookbook.server.tinker_sessions import State
@@ -53,6 +54,7 @@ MAX_NUM_SAMPLES = 128
 
 def build_router(backend: Backend[Any]) -> APIRouter:
     """All Tinker-protocol routes, served by ``backend`` (the limits above are read now)."""
+    register_store_root(getattr(getattr(backend, "store", None), "root", None))  # never named in answers
     routes = Routes(backend, State(backend), APIRouter(prefix="/api/v1"))
     service.add_routes(routes)
     training.add_routes(routes)

@@ -27,6 +27,8 @@ BLOCKING_WORKERS = 4
 """Threads for the requests that block (model loads, checkpoint reads), so the event loop keeps serving polls."""
 SESSION_TIMEOUT_S = 600.0
 """A session not heard from for this long (the SDK heartbeats every 10 s) is closed and its adapters freed."""
+ENDED_SESSIONS_KEPT = 4096
+"""Ended session ids remembered, so that finishing a session twice (or after it expired) is not a 404."""
 MAX_SAMPLERS_PER_SESSION = 8
 """Sampling sessions a session keeps (each holds sampling weights); the least recently used beyond this are
 dropped. A loop that snapshots every step uses one or two at a time."""
@@ -76,6 +78,8 @@ class State:
         self.samplers: dict[str, _Sampler] = {}
         self.futures: OrderedDict[str, _Pending] = OrderedDict()
         self.sequences = provenance.SequenceRegistry()  # the sampled sequences' ids, for provenance spans
+        self.ended: OrderedDict[str, None] = OrderedDict()
+        """Sessions that finished or expired, the latest ``ENDED_SESSIONS_KEPT``: finishing one again is no error."""
         self.blocking = concurrent.futures.ThreadPoolExecutor(BLOCKING_WORKERS, thread_name_prefix="tinker-api")
 
     # -- sessions ------------------------------------------------------------------------------------------
@@ -101,6 +105,9 @@ class State:
             session = self.sessions.pop(session_id, None)
             if session is None:
                 return
+            self.ended[session_id] = None
+            while len(self.ended) > ENDED_SESSIONS_KEPT:
+                self.ended.popitem(last=False)
             run_ids = [self.models.pop(m) for m in session.model_ids if m in self.models]
             for model_id in session.model_ids:
                 self.model_sessions.pop(model_id, None)
@@ -108,6 +115,11 @@ class State:
                 self.samplers.pop(sampler_id, None)
         for run_id in run_ids:
             self.backend.close_session(run_id)
+
+    def has_ended(self, session_id: str) -> bool:
+        """Whether ``session_id`` was a session of this server that has finished or expired (recently)."""
+        with self.lock:
+            return session_id in self.ended
 
     def expire_sessions(self) -> None:
         """Close the sessions whose client went away without finishing them (a crash, a lost connection)."""

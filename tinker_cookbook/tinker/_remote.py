@@ -93,7 +93,28 @@ def translate_error(exc: BaseException) -> BaseException:
         return errors.APITimeoutError(message)
     if isinstance(exc, sdk.APIConnectionError):
         return errors.APIConnectionError(message)
+    if isinstance(exc, sdk.TinkerError):  # the SDK's base class: its untyped errors (options, configuration)
+        return errors.APIError(message)
     return exc
+
+
+def connect(base_url: str, key: str | None, make: Callable[[], T]) -> T:
+    """An SDK client for ``base_url`` from ``make()``; its errors as this project's, naming the URL (and, when no
+    key was found, the key that is missing)."""
+    sdk = import_sdk()
+    try:
+        return make()
+    except Exception as exc:
+        if key is None and type(exc) is sdk.TinkerError:  # the SDK's "api_key client option must be set"
+            raise errors.AuthenticationError(
+                f"base_url={base_url!r} is not on this machine and no API key was found: pass "
+                "ServiceClient(base_url=..., api_key='tml-...'), set TINKER_API_KEY, or store a key with "
+                "`tinker auth login` (the server's key, e.g. the one `tinker-cookbook serve` printed)"
+            ) from exc
+        translated = translate_error(exc)
+        if translated is exc:
+            raise
+        raise type(translated)(f"connecting to {base_url}: {translated}") from exc
 
 
 def call(fn: Callable[[], T]) -> T:
@@ -230,7 +251,7 @@ class RemoteStore:
     def connect(cls, base_url: str, api_key: str | None) -> RemoteStore:
         sdk = import_sdk()
         key = resolve_api_key(base_url, api_key)
-        return cls(call(lambda: sdk.RestClient(base_url=base_url, api_key=key)))
+        return cls(connect(base_url, key, lambda: sdk.RestClient(base_url=base_url, api_key=key)))
 
     def get_run(self, run_id: str) -> types.TrainingRun:
         return _pydantic(types.TrainingRun, call(lambda: wait(self._rest.get_training_run(run_id))))
@@ -283,8 +304,8 @@ class RemoteBackend:
         self._sdk = sdk = import_sdk()
         self.base_url = base_url
         key = resolve_api_key(base_url, api_key)
-        self._service = call(lambda: sdk.ServiceClient(base_url=base_url, api_key=key))
-        self.store = RemoteStore(call(lambda: sdk.RestClient(base_url=base_url, api_key=key)))
+        self._service = connect(base_url, key, lambda: sdk.ServiceClient(base_url=base_url, api_key=key))
+        self.store = RemoteStore(connect(base_url, key, lambda: sdk.RestClient(base_url=base_url, api_key=key)))
         self._clients: dict[str, Any] = {}
         self._bases: dict[str, str] = {}  # run id -> base model
         self._model_data: dict[str, types.ModelData] = {}

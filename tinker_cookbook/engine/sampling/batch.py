@@ -336,6 +336,51 @@ def select_tokens(
     return tokens.tolist(), logprobs.tolist()
 
 
+Selected = tuple[int, float] | Exception
+"""A row's token and logprob, or the error that row's selection raised."""
+
+
+def select_tokens_per_owner(
+    logits: torch.Tensor,
+    params: list[RowParams],
+    uniforms: list[float],
+    owners: list[object],
+    exact_logits: Callable[[torch.Tensor | slice, torch.Tensor], torch.Tensor | None] | None = None,
+) -> list[Selected]:
+    """``select_tokens`` over all rows; if that raises, once more for each owner's rows alone, so that a row no
+    validation caught fails only its owner (a request) and never its batch neighbours.
+
+    The retry reuses each row's uniform (draws stay reproducible under a seed) and gives the same result as the
+    batched call, since a row's selection depends only on the row. ``exact_logits(rows, tokens)``: the fp32 logits
+    of ``tokens`` for the rows ``rows`` (a slice of all rows, or an index tensor) when known, else None.
+    """
+    def run(rows: torch.Tensor | slice, sub_params: list[RowParams], sub_uniforms: list[float]
+            ) -> list[Selected]:
+        exact = None if exact_logits is None else (lambda chosen: exact_logits(rows, chosen))
+        tokens, logprobs = select_tokens(logits[rows], sub_params, sub_uniforms, exact)
+        return list(zip(tokens, logprobs, strict=True))
+
+    try:
+        return run(slice(None), params, uniforms)
+    except Exception as error:  # noqa: BLE001 - decided below: one owner fails, or each is retried alone
+        batch_error: Exception = error
+    groups: dict[int, list[int]] = {}
+    for row, owner in enumerate(owners):
+        groups.setdefault(id(owner), []).append(row)
+    if len(groups) == 1:
+        return [batch_error] * len(params)
+    results: list[Selected] = [batch_error] * len(params)
+    for rows in groups.values():
+        index = torch.tensor(rows, device=logits.device)
+        try:
+            selected = run(index, [params[r] for r in rows], [uniforms[r] for r in rows])
+        except Exception as own_error:  # noqa: BLE001 - this owner's rows fail, the others' stand
+            selected = [own_error] * len(rows)
+        for row, value in zip(rows, selected, strict=True):
+            results[row] = value
+    return results
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Stops
 # --------------------------------------------------------------------------------------------------------------

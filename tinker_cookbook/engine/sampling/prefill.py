@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tinker_cookbook.engine.sampling import decoder_model
-from tinker_cookbook.engine.sampling.batch import Sequence, select_tokens
+from tinker_cookbook.engine.sampling.batch import Sequence, select_tokens_per_owner
 
 if TYPE_CHECKING:
     from tinker_cookbook.engine.sampling.steps import DecoderBatch, PendingRequest
@@ -125,18 +125,19 @@ def _first_tokens(batch: DecoderBatch, decoder: decoder_model.DecoderWeights,
     for start in range(0, len(sequences), batch.limits.max_batch_sequences):
         chunk = sequences[start : start + batch.limits.max_batch_sequences]
         rows = torch.tensor([row for _, row in chunk], device=last_logits.device)
-        try:
-            tokens, logprobs = select_tokens(
-                last_logits[rows],
-                [s.params for s, _ in chunk],
-                [s.next_uniform() for s, _ in chunk],
-                lambda chosen: decoder_model.token_logits(decoder, last_hidden[rows], chosen),  # noqa: B023
-            )
-        except Exception as error:  # noqa: BLE001 - fail the requests of this chunk, not the others
-            for sequence, _ in chunk:
-                sequence.request.fail(error, batch.stats)
-            continue
-        for (sequence, _), token, logprob in zip(chunk, tokens, logprobs, strict=True):
+        chunk_hidden = last_hidden[rows]
+        selected = select_tokens_per_owner(
+            last_logits[rows],
+            [s.params for s, _ in chunk],
+            [s.next_uniform() for s, _ in chunk],
+            [s.request for s, _ in chunk],
+            lambda subset, chosen: decoder_model.token_logits(decoder, chunk_hidden[subset], chosen),  # noqa: B023
+        )
+        for (sequence, _), result in zip(chunk, selected, strict=True):
+            if isinstance(result, Exception):
+                sequence.request.fail(result, batch.stats)  # this request only: its neighbours drew their tokens
+                continue
+            token, logprob = result
             if not sequence.request.done and not batch.advance(sequence, token, logprob):
                 batch.ready.append(sequence)
                 sequence.request.unplaced += 1

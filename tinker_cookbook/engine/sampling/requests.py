@@ -25,6 +25,11 @@ every later request, so an unbounded count would hold the sampler for everyone e
 sizes. Callers who need more split them into several requests."""
 
 
+MIN_TEMPERATURE = 1e-6
+"""The smallest temperature above 0: much smaller ones overflow the scaled logits (float32 ends near 3e38) into
+NaN, and already 1e-6 draws the most likely token with probability 1 in float32 (greedy is ``temperature=0``)."""
+
+
 @dataclass(frozen=True)
 class ModelLimits:
     """What a request is checked against."""
@@ -100,11 +105,16 @@ def _max_tokens(value: Any, prompt_len: int, limits: ModelLimits) -> int:
     return int(value)
 
 
-def _row_params(params: types.SamplingParams) -> RowParams:
+def _row_params(params: types.SamplingParams, vocab_size: int) -> RowParams:
     temperature, top_k, top_p = params.temperature, params.top_k, params.top_p
     if not isinstance(temperature, numbers.Real) or not math.isfinite(temperature) or temperature < 0:
         raise BadRequestError(
             f"sampling_params.temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}"
+        )
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise BadRequestError(
+            f"sampling_params.temperature={temperature!r} is too small to sample with: logits divided by it "
+            f"overflow; use 0 for greedy decoding or a temperature of at least {MIN_TEMPERATURE}"
         )
     if not _is_int(top_k) or top_k < -1:
         raise BadRequestError(
@@ -112,7 +122,9 @@ def _row_params(params: types.SamplingParams) -> RowParams:
         )
     if not isinstance(top_p, numbers.Real) or not (0.0 < top_p <= 1.0):
         raise BadRequestError(f"sampling_params.top_p must be in (0, 1] (1 = no nucleus cut), got {top_p!r}")
-    return RowParams(temperature=float(temperature), top_k=max(int(top_k), 0), top_p=float(top_p))
+    # A top_k of the vocabulary or more cuts nothing: it becomes 0 (no limit), so that no huge value reaches torch.
+    return RowParams(temperature=float(temperature), top_k=0 if top_k >= vocab_size else max(int(top_k), 0),
+                     top_p=float(top_p))
 
 
 def _stops(stop: Any, limits: ModelLimits) -> tuple[frozenset[int], tuple[str, ...]]:
@@ -184,7 +196,7 @@ def validate_request(
         prompt=tokens,
         num_samples=int(num_samples),
         max_tokens=_max_tokens(params.max_tokens, len(tokens), limits),
-        row=_row_params(params),
+        row=_row_params(params, limits.vocab_size),
         seed=None if params.seed is None else int(params.seed),
         stop_token_ids=stop_ids,
         stop_strings=stop_strings,

@@ -28,7 +28,7 @@ Semantics (the Tinker docs are the spec):
   uniforms from its own generator and tokens are picked by inverse CDF; batch composition can only change the
   fp rounding of the logits, which flips a draw only when a uniform lands within ~1e-7 of a CDF boundary.
 - ``temperature=0`` is greedy; logprobs are then reported under the unscaled (temperature 1) distribution.
-  ``top_k=-1`` (or 0) and ``top_p=1`` mean no cut.
+  ``top_k=-1`` (or 0, or at least the vocabulary size) and ``top_p=1`` mean no cut.
   Otherwise the logprob of each sampled token is under the temperature-scaled distribution, before the top-k /
   top-p cut (the draw itself is restricted to the kept tokens).
 - ``stop``: token ids, or strings searched in the decoded generated text (a string may span tokens). The token that

@@ -17,7 +17,14 @@ import torch
 
 from tinker_cookbook.engine.sampling import decode as sampling_decode
 from tinker_cookbook.engine.sampling import decoder_model, lora, prefill
-from tinker_cookbook.engine.sampling.batch import KVPool, PromptPool, Sequence, finish_reason, select_tokens
+from tinker_cookbook.engine.sampling.batch import (
+    KVPool,
+    PromptPool,
+    Selected,
+    Sequence,
+    finish_reason,
+    select_tokens_per_owner,
+)
 from tinker_cookbook.engine.sampling.requests import SampleRequest
 from tinker_cookbook.engine.threads import LocalThreads
 from tinker_cookbook.tinker import types
@@ -219,25 +226,31 @@ class DecoderBatch:
                 torch.tensor(rope, device=device) if rope != positions else None,
             )
             logits = decoder_model.logits(decoder, hidden)
-            tokens, logprobs = select_tokens(
-                logits,
-                [s.params for s in active],
-                [s.next_uniform() for s in active],
-                lambda chosen: decoder_model.token_logits(decoder, hidden, chosen),
-            )
         except Exception as error:  # noqa: BLE001 - the step failed for all its sequences; others keep going
             for sequence in active:
                 sequence.request.fail(error, self.stats)
             self.drop_active()
             return
+        # Per owner: a row whose parameters break the selection fails its own request, not its neighbours.
+        selected = select_tokens_per_owner(
+            logits,
+            [s.params for s in active],
+            [s.next_uniform() for s in active],
+            [s.request for s in active],
+            lambda rows, chosen: decoder_model.token_logits(decoder, hidden[rows], chosen),
+        )
         self.stats.decode_steps += 1
         self.stats.max_batch_sequences_seen = max(self.stats.max_batch_sequences_seen, len(active))
-        leaving = [
-            slot
-            for slot, (sequence, token, logprob) in enumerate(zip(active, tokens, logprobs, strict=True))
-            if sequence.request.done or self.advance(sequence, token, logprob)
-        ]
+        leaving = [slot for slot, (sequence, result) in enumerate(zip(active, selected, strict=True))
+                   if self._settle_row(sequence, result)]
         self._compact(leaving)
+
+    def _settle_row(self, sequence: Sequence, result: Selected) -> bool:
+        """Apply one row's selection; True when the sequence leaves the batch (done, ended or failed)."""
+        if isinstance(result, Exception):
+            sequence.request.fail(result, self.stats)
+            return True
+        return sequence.request.done or self.advance(sequence, *result)
 
     def use_threads(self, decoder: decoder_model.DecoderWeights, decode_rows: int | None) -> None:
         """One CPU thread for a small decode step, all of them for prefill (``decode_rows`` None) and larger steps.

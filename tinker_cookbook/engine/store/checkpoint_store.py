@@ -70,6 +70,10 @@ class CheckpointStore:
         """Register a new training run and return its id (``run-YYYYmmdd-HHMMSS-xxxxxx`` unless given)."""
         return self.runs.create_run(base_model, lora_config, user_metadata, run_id)
 
+    def discard_new_run(self, run_id: str) -> None:
+        """Remove a just-created run without checkpoints (its client could not be built)."""
+        self.runs.discard_new_run(run_id)
+
     def touch_run(self, run_id: str) -> None:
         self.runs.touch_run(run_id)
 

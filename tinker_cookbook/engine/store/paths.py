@@ -19,8 +19,11 @@ from typing import Any
 from tinker_cookbook.tinker import errors
 
 
-class UnsafeStoreEntryError(errors.RequestFailedError):
-    """An entry inside the checkpoint store is a symlink (or another non-regular file); the store refuses it."""
+class UnsafeStoreEntryError(errors.ConflictError, errors.RequestFailedError):
+    """An entry inside the checkpoint store is a symlink (or another non-regular file); the store refuses it.
+
+    A conflict with the store's state (status 409, a 4xx: the request is refused, nothing failed), and still a
+    ``RequestFailedError`` for callers that catch that."""
 
 
 def unsafe_entry(root: Path, entry: Path, subject: str) -> UnsafeStoreEntryError:

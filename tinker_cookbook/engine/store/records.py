@@ -39,14 +39,19 @@ def expired(record: dict[str, Any]) -> bool:
     return expires is not None and datetime.fromisoformat(expires) <= now()
 
 
+MAX_TTL_SECONDS = 100 * 365 * 24 * 3600
+"""A century: longer TTLs would overflow the date arithmetic (year 9999) and mean "keep it", which is None."""
+
+
 def expires_at(ttl_seconds: int | None) -> datetime | None:
     """When a checkpoint given ``ttl_seconds`` from now expires (None: never); BadRequestError if invalid."""
     if ttl_seconds is None:
         return None
-    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int) or ttl_seconds <= 0:
+    if (isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int)
+            or not 0 < ttl_seconds <= MAX_TTL_SECONDS):
         raise errors.BadRequestError(
-            f"ttl_seconds={ttl_seconds!r} must be a positive integer number of seconds, or None to keep "
-            "the checkpoint until it is deleted"
+            f"ttl_seconds={ttl_seconds!r} must be a positive integer number of seconds up to {MAX_TTL_SECONDS} "
+            "(100 years), or None to keep the checkpoint until it is deleted"
         )
     return now() + timedelta(seconds=ttl_seconds)
 

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tinker_cookbook.base.atomic_files import fsync_dir
+from tinker_cookbook.base.atomic_files import fsync_dir, remove_path
 from tinker_cookbook.engine import settings
 from tinker_cookbook.engine.store import crash_safety, paths, records
 from tinker_cookbook.engine.store.layout import RUN_FILE, StoreLayout
@@ -83,6 +83,14 @@ class RunRegistry:
             fsync_dir(runs_dir)
             return candidate
         raise errors.InternalServerError(f"could not find a free run id under {str(runs_dir)!r}")
+
+    def discard_new_run(self, run_id: str) -> None:
+        """Remove a run that was just created and holds no checkpoint (its client could not be built)."""
+        run_dir = self.run_dir(run_id)
+        if self._checkpoints_of(run_dir):
+            raise errors.ConflictError(f"training run {run_id!r} holds checkpoints; it is not discarded")
+        remove_path(run_dir)
+        fsync_dir(self.layout.runs_dir)
 
     def touch_run(self, run_id: str) -> None:
         """Record that the run just served a request (shown as last_request_time)."""

@@ -4,6 +4,7 @@ encoding of answers and errors."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -13,6 +14,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
 from tinker_cookbook.server import tinker_proto
+from tinker_cookbook.server.guards import internal_error_text, public_text
+from tinker_cookbook.server.json_input import read_json
 from tinker_cookbook.server.tinker_sessions import State
 from tinker_cookbook.tinker import errors, types
 from tinker_cookbook.tinker.backend import Backend
@@ -22,6 +25,7 @@ M = TypeVar("M", bound=BaseModel)
 Handler = Callable[..., Awaitable[Any]]
 
 PROTOBUF = "application/x-protobuf"
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -87,8 +91,12 @@ def _status_of(exc: BaseException) -> int:
 
 
 def _describe(exc: BaseException) -> str:
-    """``<ErrorClass>: message``: the class lets a client re-raise the same error type."""
-    return f"{type(exc).__name__}: {exc}"
+    """``<ErrorClass>: message``: the class lets a client re-raise the same error type. The message never holds
+    a path of this machine; a failure that is a bug (not an API error) is named by its class only, and logged."""
+    if _status_of(exc) >= 500 and not isinstance(exc, errors.TinkerError):
+        logger.error("request failed", exc_info=exc)
+        return f"{errors.InternalServerError.__name__}: {internal_error_text(exc)}"
+    return f"{type(exc).__name__}: {public_text(str(exc))}"
 
 
 def error_response(exc: BaseException) -> JSONResponse:
@@ -106,9 +114,10 @@ def failed_future_body(exc: BaseException) -> dict[str, str]:
 
 async def parse(request: Request, model: type[M]) -> M:
     """The JSON body as ``model``; a 400 that names the unknown or wrong fields otherwise."""
-    raw = await request.body()
+    raw = await request.body() or b"{}"
+    read_json(raw)  # depth, integer range and text checks that name the field
     try:
-        return model.model_validate_json(raw or b"{}")
+        return model.model_validate_json(raw, strict=True)  # no coercion: "2" is not a number, "true" no bool
     except ValidationError as exc:
         raise errors.BadRequestError(f"{request.url.path}: {_validation_summary(exc)}") from None
 

@@ -9,6 +9,8 @@ from fastapi import Request
 from tinker_cookbook.server.tinker_bodies import ClientConfigBody, CreateSessionBody, SessionHeartbeatBody
 from tinker_cookbook.server.tinker_routes.checkpoints import _paging
 from tinker_cookbook.server.tinker_routes.common import Routes, merged_metadata, parse
+from tinker_cookbook.server.tinker_sessions import SessionGone
+from tinker_cookbook.tinker import errors
 
 # The SDK's feature flags, pinned to the behaviour this server implements: plain API keys, uncompressed protobuf
 # forward_backward bodies sent in order, per-request polling, custom losses computed by the client.
@@ -64,6 +66,12 @@ def add_routes(routes: Routes) -> None:
     @route("POST", "/sessions/{session_id}/finish")
     async def finish_session(request: Request, session_id: str) -> Any:
         """The client is done: release the adapters and optimizer state of the session's training clients."""
+        if state.has_ended(session_id):
+            return {}  # finishing is idempotent: the first finish (or the expiry) already released everything
+        try:
+            state.session(session_id)
+        except SessionGone:  # 410 tells a heartbeating client to stop; finishing an unknown session is a 404
+            raise errors.NotFoundError(f"session_id={session_id!r} is not a session of this server") from None
         state.close_session(session_id)
         return {}
 
