@@ -150,11 +150,16 @@ def test_illegal_move_is_penalised_and_the_other_seat_gets_nothing(chatml):
 
 
 def test_a_forfeit_before_the_second_seat_moves_still_ends_its_episode(chatml):
-    policy = SeatScript(chatml, {"X": ["no move"], "O": []})
+    policy = SeatScript(chatml, {"X": ["no move"], "O": ["[4]"]})
     group = run(do_group_rollout(TwoPlayerEnvGroupBuilder(chatml, num_games=1), policy))
-    assert group.get_total_rewards() == [ILLEGAL_MOVE_REWARD, 0.0]
     assert "already over" in policy.prompts[-1]  # O was told, and its one step ends the episode
-    assert group.trajectories_G[1].transitions[-1].metrics["moves"] == 0
+    o_last = group.trajectories_G[1].transitions[-1]
+    assert o_last.reward == 0.0 and o_last.metrics["moves"] == 0 and o_last.metrics["opponent_illegal_move"] == 1.0
+    # The idle seat's group reward makes its total the mean of the seats that played (here X's -2), so its
+    # advantage (total - group mean) is exactly 0: the reply to "the game is over" is neither rewarded nor punished.
+    assert group.get_total_rewards() == [ILLEGAL_MOVE_REWARD, ILLEGAL_MOVE_REWARD]
+    assert group.final_rewards_G == [0.0, ILLEGAL_MOVE_REWARD]
+    assert [m["idle_seat"] for m in group.metrics_G] == [0.0, 1.0]
 
 
 def test_fixed_opponent_moves_for_the_other_seat_and_seats_alternate(chatml):

@@ -8,8 +8,8 @@
 
 The recipe is a chz Blueprint of the loop's ``Config`` with the defaults below applied; any field of ``Config`` or
 of the dataset builder (``dataset_builder.<field>``) can be set on the command line (``--help`` lists them).
-Both seats of each game are the policy (one game is a group of two envs, so each seat's reward is centred against
-the other's); a move is a cell in square brackets, an illegal move ends the game with ``illegal_move_reward``.
+Both seats of each game are the policy; a group is ``games_per_group`` games (both seats of each), so a seat's
+return is centred against the other seats' of its group; a move is a cell in square brackets, an illegal move ends the game with ``illegal_move_reward``.
 Every ``eval_every`` iterations the policy plays ``test_games`` games against a random player and against the
 initial policy: ``test/env/vs_random/win`` and ``test/env/vs_initial/win`` are the win rates.
 """
@@ -34,8 +34,8 @@ def blueprint() -> chz.Blueprint[train.Config]:
         "dataset_builder": TwoPlayerTextArenaDatasetBuilder,
         "dataset_builder.model_name_for_tokenizer": Reference("model_name"),
         "dataset_builder.renderer_name": Reference("renderer_name"),
-        "dataset_builder.batch_size": 4,
-        "dataset_builder.games_per_group": 2,
+        "dataset_builder.batch_size": 2,
+        "dataset_builder.games_per_group": 4,
         "dataset_builder.num_batches": 40,
         "dataset_builder.test_games": 16,
         "learning_rate": 3e-4,

@@ -13,7 +13,9 @@ or naming a taken or out-of-range cell, is an illegal move: the game ends there,
 seat's last step; earlier steps earn 0.
 
 Metrics on each seat's last step (means over episodes): ``win``, ``loss``, ``draw`` (on the board, or ``win`` by the
-opponent's illegal move), ``illegal_move`` (this seat forfeited), ``opponent_illegal_move``, ``moves``. Test groups
+opponent's illegal move), ``illegal_move`` (this seat forfeited), ``opponent_illegal_move``, ``moves``; and
+``idle_seat`` per episode: the seat's game ended before its first move (X forfeited at once). An idle seat still has
+to answer one prompt (an env cannot end before its first action); its group reward makes its advantage exactly 0. Test groups
 are tagged ``vs_random`` or ``vs_initial`` (or ``vs_checkpoint``), so ``test/env/vs_random/win`` is the win rate
 against a random player and ``test/env/vs_initial/win`` the win rate against the policy before training.
 """
@@ -38,10 +40,12 @@ from tinker_cookbook.rl.types import (
     Action,
     Env,
     EnvGroupBuilder,
+    Metrics,
     Observation,
     RLDataset,
     RLDatasetBuilder,
     StepResult,
+    Trajectory,
 )
 from tinker_cookbook.utils import logtree
 
@@ -243,6 +247,18 @@ class TwoPlayerEnvGroupBuilder(EnvGroupBuilder):
                 envs.append(TwoPlayerEnv(g % 2, match, self.renderer, self.opponent, self.rewards))
         return envs
 
+    async def compute_group_rewards(self, trajectory_group: list[Trajectory], env_group: Sequence[Env]
+                                    ) -> list[tuple[float, Metrics]]:
+        """0 for seats that played; a seat whose game ended before its first move (its one action answered a "the
+        game is over" prompt) gets the group's mean return of the others, so its advantage is exactly 0: nothing
+        it did is reinforced or punished."""
+        totals = [sum(t.reward for t in traj.transitions) for traj in trajectory_group]
+        idle = [isinstance(env, TwoPlayerEnv) and env.moves == 0 for env in env_group]
+        played = [total for total, is_idle in zip(totals, idle, strict=True) if not is_idle]
+        baseline = sum(played) / len(played) if played else 0.0
+        return [(baseline - total if is_idle else 0.0, {"idle_seat": float(is_idle)})
+                for total, is_idle in zip(totals, idle, strict=True)]
+
     def logging_tags(self) -> list[str]:
         return ["tictactoe", self.tag]
 
@@ -271,9 +287,9 @@ class TwoPlayerTextArenaDatasetBuilder(RLDatasetBuilder):
     model_name_for_tokenizer: str
     renderer_name: str | None = None
     """None: the model's recommended renderer."""
-    batch_size: int = 4
+    batch_size: int = 2
     """Groups per training batch."""
-    games_per_group: int = 2
+    games_per_group: int = 4
     """Self-play: games per group (two envs each); against a fixed opponent: envs per group."""
     num_batches: int = 50
     train_opponent: OpponentKind | None = None
