@@ -1,0 +1,37 @@
+"""Smoke tests: the text_arena and rubric recipes run end to end as subprocesses (tiny random model, 1 iteration)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = "tinker-cookbook/tiny-smollm2"
+
+
+@pytest.mark.parametrize(("module", "extra", "keys"), [
+    ("tinker_cookbook.recipes.multiplayer_rl.text_arena.train",
+     ["dataset_builder.batch_size=1", "dataset_builder.games_per_group=1", "dataset_builder.test_games=2",
+      "max_tokens=4"],
+     ["test/env/vs_random/win", "test/env/vs_initial/win", "env/all/illegal_move"]),
+    ("recipes.rubric.train",
+     ["dataset_builder.batch_size=1", "dataset_builder.group_size=2", "dataset_builder.grader_max_tokens=4",
+      "max_tokens=4"],
+     ["test/env/all/rubric_score", "env/all/grade_malformed"]),
+])
+def test_recipe_runs_one_iteration(tmp_path, module, extra, keys):
+    log_path = tmp_path / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TINKER_COOKBOOK_NO_REEXEC": "1"}
+    result = subprocess.run([sys.executable, "-m", module, f"model_name={TINY}", "max_steps=1", "lora_rank=4",
+                             "eval_every=1", f"log_path={log_path}", "behavior_if_log_dir_exists=delete", *extra],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
+    logged = {k for r in rows for k in r}
+    assert set(keys) <= logged, sorted(set(keys) - logged)
+    assert (log_path / "iteration_000000" / "train.html").exists() and (log_path / "iteration_000000" / "eval.html").exists()
