@@ -1,4 +1,5 @@
-"""Smoke tests: the text_arena and rubric recipes run end to end as subprocesses (tiny random model, 1 iteration)."""
+"""Smoke tests: the text_arena, rubric and shorter recipes run end to end as subprocesses (tiny random model, 1
+iteration)."""
 
 from __future__ import annotations
 
@@ -14,17 +15,20 @@ REPO = Path(__file__).resolve().parents[2]
 TINY = "tinker-cookbook/tiny-smollm2"
 
 
-@pytest.mark.parametrize(("module", "extra", "keys"), [
+@pytest.mark.parametrize(("module", "extra", "keys", "pages"), [
     ("tinker_cookbook.recipes.multiplayer_rl.text_arena.train",
      ["dataset_builder.batch_size=1", "dataset_builder.games_per_group=1", "dataset_builder.test_games=2",
       "max_tokens=4"],
-     ["test/env/vs_random/win", "test/env/vs_initial/win", "env/all/illegal_move"]),
+     ["test/env/vs_random/win", "test/env/vs_initial/win", "env/all/illegal_move"], ["train", "eval"]),
     ("recipes.rubric.train",
      ["dataset_builder.batch_size=1", "dataset_builder.group_size=2", "dataset_builder.grader_max_tokens=4",
       "max_tokens=4"],
-     ["test/env/all/rubric_score", "env/all/grade_malformed"]),
+     ["test/env/all/rubric_score", "env/all/grade_malformed"], ["train", "eval"]),
+    ("recipes.preference.shorter.train",
+     ["dataset_builder.batch_size=1", "dataset_builder.group_size=2", "max_tokens=4"],
+     ["env/all/ac_tokens_per_turn", "env/all/win_fraction"], ["train"]),
 ])
-def test_recipe_runs_one_iteration(tmp_path, module, extra, keys):
+def test_recipe_runs_one_iteration(tmp_path, module, extra, keys, pages):
     log_path = tmp_path / "run"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TINKER_COOKBOOK_NO_REEXEC": "1"}
     result = subprocess.run([sys.executable, "-m", module, f"model_name={TINY}", "max_steps=1", "lora_rank=4",
@@ -34,4 +38,4 @@ def test_recipe_runs_one_iteration(tmp_path, module, extra, keys):
     rows = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
     logged = {k for r in rows for k in r}
     assert set(keys) <= logged, sorted(set(keys) - logged)
-    assert (log_path / "iteration_000000" / "train.html").exists() and (log_path / "iteration_000000" / "eval.html").exists()
+    assert all((log_path / "iteration_000000" / f"{page}.html").exists() for page in pages)
