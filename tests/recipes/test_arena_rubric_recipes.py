@@ -1,8 +1,9 @@
-"""Smoke tests: the text_arena, rubric and shorter recipes run end to end as subprocesses (tiny random model, 1
-iteration)."""
+"""Smoke tests: the text_arena, rubric, shorter and verifiers_rl recipes run end to end as subprocesses (tiny random
+model, 1 iteration)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -27,6 +28,11 @@ TINY = "tinker-cookbook/tiny-smollm2"
     ("recipes.preference.shorter.train",
      ["dataset_builder.batch_size=1", "dataset_builder.group_size=2", "max_tokens=4"],
      ["env/all/ac_tokens_per_turn", "env/all/win_fraction"], ["train"]),
+    pytest.param("recipes.verifiers_rl.train",
+                 ["dataset_builder.batch_size=2", "dataset_builder.group_size=2", 'dataset_builder.vf_env_args={"num_eval": 2}',
+                  "max_tokens=4"],
+                 ["env/all/correct_sum", "test/env/all/correct_sum"], ["train", "eval"],
+                 marks=pytest.mark.skipif(importlib.util.find_spec("verifiers") is None, reason="needs verifiers")),
 ])
 def test_recipe_runs_one_iteration(tmp_path, module, extra, keys, pages):
     log_path = tmp_path / "run"

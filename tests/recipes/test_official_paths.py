@@ -38,6 +38,9 @@ OFFICIAL_NAMES = [
       "table_from_dict", "table_from_dict_of_lists", "write_html_with_default_style", "write_trace_json",
       "jinja_context", "render_with_jinja", "flush_trace", "Trace", "Node", "Theme", "Formatter"]),
     ("tinker_cookbook.utils.logtree_formatters", ["ConversationFormatter"]),
+    ("tinker_cookbook.recipes.verifiers_rl.verifiers_env",
+     ["VerifiersEnvGroupBuilder", "VerifiersRLDataset", "VerifiersRLDatasetBuilder"]),
+    ("tinker_cookbook.recipes.verifiers_rl.train", ["main"]),
 ]
 
 
