@@ -17,7 +17,8 @@ The hosted service runs requests in clock cycles shared by many users, so a miss
 local engine has no cycles: one worker thread runs each client's requests in order, as soon as they arrive. What
 is lost here is the engine's idle time: the round trips and the loop's own work between requests. So
 ``pipelined`` approaches the engine's compute time per step (``client_work_s`` hidden), ``back_to_back`` adds the
-loop's work, and ``naive`` adds a round trip on top. Figures in docs/recipes.md.
+loop's work, and ``naive`` adds a round trip on top. Measured on a shared 2-core machine with the defaults
+(``n_steps=4``): naive 9.2, back to back 8.7, pipelined 5.8 s/step; more in docs/recipes.md.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class Config:
     """Tokens per sequence (random ids: only the time matters)."""
     n_steps: int = 6
     """Timed steps per way (after one untimed warm-up step)."""
-    client_work_s: float = 0.3
+    client_work_s: float = 2.0
     """Seconds the loop spends between steps on its own work (sleeps: stands for data loading, sampling, rewards)."""
     learning_rate: float = 1e-4
     """Adam learning rate."""
