@@ -30,7 +30,10 @@ def test_both_spellings_resolve_to_one_file(name):
     ours = importlib.util.find_spec(f"recipes.{name}")
     docs = importlib.util.find_spec(f"tinker_cookbook.recipes.{name}")
     assert ours is not None and docs is not None
-    assert Path(docs.origin).resolve() == Path(ours.origin).resolve()
+    if Path(docs.origin).resolve() != Path(ours.origin).resolve():
+        # A module that stands for a library module (it replaces itself in sys.modules) reports the library file
+        # once imported under one spelling; then both spellings must give that one module object.
+        assert importlib.import_module(f"recipes.{name}") is importlib.import_module(f"tinker_cookbook.recipes.{name}")
 
 
 def test_docs_spelling_runs_a_recipe(tmp_path):

@@ -27,8 +27,8 @@ def _rows(path: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize(("module", "extra"), [
-    ("recipes.guess_number.train", ["dataset_builder.n_test_games=2", "dataset_builder.max_turns=3"]),
-    ("tinker_cookbook.recipes.twenty_questions.train", ["dataset_builder.max_test_words=2",
+    ("recipes.multiplayer_rl.guess_number.train", ["dataset_builder.n_test_games=2", "dataset_builder.max_turns=3"]),
+    ("tinker_cookbook.recipes.multiplayer_rl.twenty_questions.train", ["dataset_builder.max_test_words=2",
                                                        "dataset_builder.max_questions=3"]),
 ])
 def test_multiturn_recipe_runs_two_iterations(tmp_path, module, extra):
@@ -48,13 +48,13 @@ def test_multiturn_recipe_runs_two_iterations(tmp_path, module, extra):
 
 
 def test_multiturn_recipe_names_a_bad_argument(tmp_path):
-    result = _run("recipes.guess_number.train", "dataset_builder.hgh=3", f"log_path={tmp_path}")
+    result = _run("recipes.multiplayer_rl.guess_number.train", "dataset_builder.hgh=3", f"log_path={tmp_path}")
     assert result.returncode != 0 and "hgh" in result.stderr
 
 
 def test_multiturn_recipe_reports_a_user_error_in_one_line(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("")
-    result = _run("recipes.twenty_questions.train", f"model_name={TINY}", f"log_path={tmp_path}",
+    result = _run("recipes.multiplayer_rl.twenty_questions.train", f"model_name={TINY}", f"log_path={tmp_path}",
                   "behavior_if_log_dir_exists=raise")
     assert result.returncode == 1
     assert "Error: log_path=" in result.stderr and "Traceback" not in result.stderr

@@ -276,7 +276,7 @@ def test_turns_split_into_datums_without_the_extension_property():
 
 
 def test_transcript_shows_each_turn_once(chatml, tmp_path):
-    from tinker_cookbook.rl.train_step import write_transcript
+    from tinker_cookbook.rl.transcripts import write_transcript
     from tinker_cookbook.rl.types import TrajectoryGroup
 
     env = EnvFromMessageEnv(chatml, GuessNumberEnv(target=9, low=1, high=16, max_turns=3))

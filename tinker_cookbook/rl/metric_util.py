@@ -16,7 +16,9 @@ from tinker_cookbook import tinker
 from tinker_cookbook.completers import TinkerTokenCompleter
 from tinker_cookbook.eval.evaluators import SamplingClientEvaluator
 from tinker_cookbook.rl.rollouts import do_batch_rollouts
+from tinker_cookbook.rl.transcripts import log_group_transcripts
 from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, TrajectoryGroup
+from tinker_cookbook.utils import logtree
 from tinker_cookbook.utils.misc_utils import dict_mean
 
 GOOD_REWARD_THRESHOLD = 0.5
@@ -84,14 +86,22 @@ class RLTestSetEvaluator(SamplingClientEvaluator):
     A ``SamplingClientEvaluator``: ``await evaluator(sampling_client) -> dict[str, float]``.
     """
 
-    def __init__(self, dataset: RLDataset, max_tokens: int, name: str = "test", temperature: float = 1.0) -> None:
+    def __init__(self, dataset: RLDataset, max_tokens: int, name: str = "test", temperature: float = 1.0,
+                 num_groups_to_log: int = 4) -> None:
         self.builders: list[EnvGroupBuilder] = [b for i in range(len(dataset)) for b in dataset.get_batch(i)]
         self.max_tokens = max_tokens
         self.name = name
         self.temperature = temperature
+        self.num_groups_to_log = num_groups_to_log
 
     async def __call__(self, sampling_client: tinker.SamplingClient) -> dict[str, float]:
         policy = TinkerTokenCompleter(sampling_client, self.max_tokens, temperature=self.temperature)
-        rollout = await do_batch_rollouts(self.builders, policy)
+        # Transcripts of the first groups go to the active logtree trace (the loop's eval.html), if there is one.
+        num_logged = self.num_groups_to_log if logtree.logging_enabled() else 0
+        rollout = await do_batch_rollouts(self.builders, policy, num_recorded=num_logged)
+        if num_logged:
+            with logtree.scope_header(f"Evaluator {self.name}"):
+                log_group_transcripts(rollout.groups_P, rollout.builders_P, sampling_client.get_tokenizer(),
+                                      num_logged)
         metrics = compute_trajectory_metrics(rollout.groups_P, [b.logging_tags() for b in rollout.builders_P])
         return {f"{self.name}/{k}": v for k, v in metrics.items()}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from tinker_cookbook.completers import StopCondition, TokenCompleter
@@ -21,11 +22,13 @@ from tinker_cookbook.exceptions import AllTrajectoriesFailedError
 from tinker_cookbook.rl.types import (
     Env,
     EnvGroupBuilder,
+    GroupTranscript,
     Trajectory,
     TrajectoryGroup,
     Transition,
     check_finite_reward,
 )
+from tinker_cookbook.utils import logtree
 
 logger = logging.getLogger(__name__)
 
@@ -61,17 +64,35 @@ async def do_single_rollout(policy: TokenCompleter, env: Env) -> Trajectory:
         ob, stop = result.next_observation, check_stop_condition(result.next_stop_condition, env)
 
 
-async def do_group_rollout(builder: EnvGroupBuilder, policy: TokenCompleter) -> TrajectoryGroup:
-    """Roll out every env of the group concurrently and add the group rewards."""
+async def _episode(policy: TokenCompleter, env: Env, record: bool) -> tuple[Trajectory, logtree.Trace | None]:
+    if not record:
+        return await do_single_rollout(policy, env), None
+    with logtree.detached_trace() as recording:
+        return await do_single_rollout(policy, env), recording
+
+
+async def do_group_rollout(builder: EnvGroupBuilder, policy: TokenCompleter, record: bool = False
+                           ) -> TrajectoryGroup:
+    """Roll out every env of the group concurrently and add the group rewards.
+
+    With ``record``, what each env (and ``compute_group_rewards``) logs through ``logtree`` is recorded into the
+    group's ``transcript``; otherwise it goes to whatever trace is active (usually none: then it costs nothing).
+    """
     envs_G = await builder.make_envs()
     if not envs_G:
         raise ValueError(f"{type(builder).__name__}.make_envs returned no envs; a group needs at least one")
-    results = await asyncio.gather(*(do_single_rollout(policy, env) for env in envs_G), return_exceptions=True)
+    results = await asyncio.gather(*(_episode(policy, env, record) for env in envs_G), return_exceptions=True)
+    episodes: list[tuple[Trajectory, logtree.Trace | None]] = []
     for result in results:
         if isinstance(result, BaseException):
             raise result
-    trajectories_G: list[Trajectory] = list(results)  # type: ignore[arg-type]  # no exceptions left (checked above)
-    group_rewards = await builder.compute_group_rewards(trajectories_G, envs_G)
+        episodes.append(result)
+    trajectories_G = [traj for traj, _ in episodes]
+    with logtree.detached_trace() if record else nullcontext() as rewards_log:
+        group_rewards = await builder.compute_group_rewards(trajectories_G, envs_G)
+    transcript = None
+    if rewards_log is not None:
+        transcript = GroupTranscript([rec for _, rec in episodes if rec is not None], rewards_log)
     if len(group_rewards) != len(trajectories_G):
         raise ValueError(f"{type(builder).__name__}.compute_group_rewards returned {len(group_rewards)} rewards "
                          f"for {len(trajectories_G)} trajectories; return one (reward, metrics) per trajectory")
@@ -80,6 +101,7 @@ async def do_group_rollout(builder: EnvGroupBuilder, policy: TokenCompleter) -> 
         trajectories_G=trajectories_G,
         final_rewards_G=[check_finite_reward(r, where) for r, _ in group_rewards],
         metrics_G=[dict(m) for _, m in group_rewards],
+        transcript=transcript,
     )
 
 
@@ -97,10 +119,14 @@ class BatchRollout:
 
 
 async def do_batch_rollouts(
-    builders: Sequence[EnvGroupBuilder], policy: TokenCompleter, skip_failed_groups: bool = False
+    builders: Sequence[EnvGroupBuilder], policy: TokenCompleter, skip_failed_groups: bool = False,
+    num_recorded: int = 0,
 ) -> BatchRollout:
-    """Roll out all groups concurrently; failed groups raise, or are logged and skipped with ``skip_failed_groups``."""
-    results = await asyncio.gather(*(do_group_rollout(b, policy) for b in builders), return_exceptions=True)
+    """Roll out all groups concurrently; failed groups raise, or are logged and skipped with ``skip_failed_groups``.
+
+    The first ``num_recorded`` groups record their envs' ``logtree`` output (see ``do_group_rollout``)."""
+    results = await asyncio.gather(*(do_group_rollout(b, policy, record=i < num_recorded)
+                                     for i, b in enumerate(builders)), return_exceptions=True)
     groups, kept_builders, failures = [], [], 0
     for builder, result in zip(builders, results, strict=True):
         if isinstance(result, BaseException):

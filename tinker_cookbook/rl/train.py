@@ -10,7 +10,8 @@ Three modes share one ``Config`` and ``main``:
   more than ``max_steps_off_policy`` steps before the step that would train on them are sampled again.
 
 Per run ``log_path`` holds ``config.json``, ``metrics.jsonl`` (step = iteration), ``checkpoints.jsonl``, ``logs.log``
-and ``iteration_NNNNNN/train.html`` (a few rollouts per iteration). Checkpoints, evaluations and resuming are every
+``iteration_NNNNNN/train.html`` (a few rollouts per iteration, with what their envs logged through ``logtree``) and
+``iteration_NNNNNN/eval.html`` (the test set's rollouts, on the iterations that evaluate). Checkpoints, evaluations and resuming are every
 loop's (``run_core``): the checkpoint ``%06d`` of ``s`` (``{"step": s, ...}``, the state after ``s`` iterations) is
 taken after iteration ``s - 1`` when ``s % save_every == 0`` and recorded once row ``s - 1`` of ``metrics.jsonl``
 is logged, and ``final`` at the end. A log dir of another model or dataset is refused, a rerun continues from the
@@ -46,9 +47,10 @@ from tinker_cookbook.rl.train_step import (
     split_groups,
     submit_forward_backward,
     submit_substep,
-    write_transcript,
 )
+from tinker_cookbook.rl.transcripts import write_transcript
 from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, RLDatasetBuilder, TrajectoryGroup
+from tinker_cookbook.utils import logtree
 from tinker_cookbook.utils.misc_utils import iteration_dir, timed
 
 logger = logging.getLogger(__name__)
@@ -194,7 +196,12 @@ class RunContext:
         if not due:
             return {}
         start = time.perf_counter()
-        metrics = await run_core.run_evaluators(due, self.training_client, sampling_client)
+        # Evaluators that log through logtree (the test set's rollouts, for one) write into this trace; the page is
+        # kept only when one of them did (past the title and its date line).
+        with logtree.init_trace(f"Evaluations before iteration {i}") as trace:
+            metrics = await run_core.run_evaluators(due, self.training_client, sampling_client)
+        if self.cfg.num_groups_to_log > 0 and len(trace.root.children) > 2:
+            logtree.write_trace_html(trace, iteration_dir(self.cfg.log_path, i) / "eval.html")
         metrics["time/eval"] = time.perf_counter() - start
         return metrics
 
@@ -236,7 +243,8 @@ def _context(cfg: Config, run: run_core.Run, dataset: RLDataset, test_dataset: R
     evaluators = run_core.Evaluators()
     evaluators.add(cfg.eval_every, [builder() for builder in cfg.evaluator_builders])
     if test_dataset is not None:
-        evaluators.add(cfg.eval_every, [RLTestSetEvaluator(test_dataset, cfg.max_tokens, temperature=cfg.temperature)])
+        evaluators.add(cfg.eval_every, [RLTestSetEvaluator(test_dataset, cfg.max_tokens, temperature=cfg.temperature,
+                                                           num_groups_to_log=cfg.num_groups_to_log)])
     return RunContext(cfg, run, dataset, evaluators, _reference_client(cfg, run.service_client),
                       run.training_client.get_tokenizer())
 
@@ -284,7 +292,9 @@ async def _stream_rollout_and_train(ctx: RunContext, builders: list[EnvGroupBuil
     num_parts = ctx.cfg.num_substeps * stream.num_minibatches
     boundaries = list(itertools.accumulate(len(p) for p in split_groups(builders, num_parts)))
     policy = ctx.policy(sampling_client, i)
-    tasks = [asyncio.ensure_future(_tolerant_group(b, policy, ctx.cfg.rollout_error_tolerance)) for b in builders]
+    tasks = [asyncio.ensure_future(_tolerant_group(b, policy, ctx.cfg.rollout_error_tolerance,
+                                                   record=k < ctx.cfg.num_groups_to_log))
+             for k, b in enumerate(builders)]
     done: list[tuple[TrajectoryGroup, EnvGroupBuilder]] = []
     waiting: list[TrajectoryGroup] = []
     substeps: list[SubmittedSubstep] = []
@@ -324,10 +334,10 @@ def _accumulate(metrics: dict[str, float], new: dict[str, float]) -> None:
         metrics[key] = metrics.get(key, 0.0) + value if summed else value
 
 
-async def _tolerant_group(builder: EnvGroupBuilder, policy: TinkerTokenCompleter, tolerate: bool
+async def _tolerant_group(builder: EnvGroupBuilder, policy: TinkerTokenCompleter, tolerate: bool, record: bool
                           ) -> tuple[TrajectoryGroup | None, EnvGroupBuilder]:
     try:
-        return await do_group_rollout(builder, policy), builder
+        return await do_group_rollout(builder, policy, record=record), builder
     except Exception as exc:
         if not tolerate:
             raise
@@ -348,7 +358,7 @@ async def _run_iteration(ctx: RunContext, i: int, sampling_client: tinker.Sampli
         else:
             with timed("rollout", metrics):
                 rollout = await do_batch_rollouts(builders, ctx.policy(sampling_client, i),
-                                                  ctx.cfg.rollout_error_tolerance)
+                                                  ctx.cfg.rollout_error_tolerance, ctx.cfg.num_groups_to_log)
             with timed("train", metrics):
                 train_metrics = await _sync_train_step(ctx, rollout)
     metrics.update(rollout.metrics)

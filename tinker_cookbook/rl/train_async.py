@@ -92,7 +92,9 @@ class _AsyncRun:
                 policy = self.ctx.policy(sampler.client, sampler.step * 10_007 + worker_idx * 101 + calls)
                 calls += 1
                 try:
-                    group = await do_group_rollout(builder, policy)
+                    # Which groups a step's report shows is known only when the step collects them: record all
+                    # (a recording holds only what the env logs, nothing when it logs nothing).
+                    group = await do_group_rollout(builder, policy, record=self.ctx.cfg.num_groups_to_log > 0)
                     await self.results.put(_Result(builder, sampler.step, group))
                 except Exception as exc:  # noqa: BLE001 - reported to the trainer, which applies the tolerance setting
                     await self.results.put(_Result(builder, sampler.step, None, exc))

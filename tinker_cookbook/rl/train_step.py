@@ -2,8 +2,9 @@
 
 - ``prepare_data``: trajectory groups → metrics, advantages and datums (with the optional KL penalty);
 - ``submit_substep`` / ``finish_substeps``: ``forward_backward`` and ``optim_step`` submitted back to back, results
-  awaited afterwards, so both land in the same engine cycle;
-- ``write_transcript``: the HTML report of a few rollouts of the iteration.
+  awaited afterwards, so both land in the same engine cycle.
+
+The HTML report of a few rollouts per iteration is ``rl/transcripts.py``'s.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,8 +24,7 @@ from tinker_cookbook.rl.data_processing import (
     remove_constant_reward_groups,
 )
 from tinker_cookbook.rl.metrics import compute_kl_sample_train, incorporate_kl_penalty
-from tinker_cookbook.rl.types import EnvGroupBuilder, TrajectoryGroup
-from tinker_cookbook.utils.logtree import HtmlReport
+from tinker_cookbook.rl.types import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 
@@ -115,36 +114,3 @@ def split_groups(items: Sequence[Any], num_parts: int) -> list[list[Any]]:
         parts.append(list(items[start : start + size]))
         start += size
     return parts
-
-
-def _decode(tokenizer: Any, tokens: Sequence[int]) -> str:
-    return tokenizer.decode(list(tokens)) if tokenizer is not None else " ".join(map(str, tokens))
-
-
-def write_transcript(path: Path, title: str, groups_P: Sequence[TrajectoryGroup],
-                     builders_P: Sequence[EnvGroupBuilder], tokenizer: Any, num_groups: int) -> Path | None:
-    """An HTML page with the first ``num_groups`` groups: each rollout's turns (prompt, response, reward, metrics
-    and logs); a turn whose prompt extends the previous turn shows only the tokens the env added."""
-    if num_groups <= 0 or not groups_P:
-        return None
-    report = HtmlReport(title)
-    for g, (group, builder) in enumerate(zip(groups_P[:num_groups], builders_P[:num_groups], strict=True)):
-        rewards_G = group.get_total_rewards()
-        report.header(f"Group {g} ({', '.join(builder.logging_tags()) or type(builder).__name__}): "
-                      f"rewards {[round(r, 3) for r in rewards_G]}")
-        for t, (traj, reward) in enumerate(zip(group.trajectories_G, rewards_G, strict=True)):
-            report.header(f"Rollout {t}: total reward {reward:.3f}", level=3)
-            context: list[int] = []
-            for k, tr in enumerate(traj.transitions):
-                ob_ints = tr.ob.to_ints()
-                if context and ob_ints[: len(context)] == context:
-                    # A multi-turn observation that extends the last turn: show only what the env added.
-                    report.text(_decode(tokenizer, ob_ints[len(context):]), css_class="prompt")
-                else:
-                    with report.details(f"turn {k} prompt ({tr.ob.length} tokens)"):
-                        report.text(_decode(tokenizer, ob_ints), css_class="prompt")
-                context = ob_ints + list(tr.ac.tokens)
-                css = "response good" if tr.reward > 0.5 else "response bad"
-                report.text(_decode(tokenizer, tr.ac.tokens), css_class=css)
-                report.table({"reward": tr.reward, "stop_reason": tr.ac.stop_reason, **tr.metrics, **tr.logs})
-    return report.write(path)

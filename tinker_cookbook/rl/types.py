@@ -20,6 +20,7 @@ import chz
 
 from tinker_cookbook import tinker
 from tinker_cookbook.completers import StopCondition, TokensWithLogprobs
+from tinker_cookbook.utils import logtree
 
 Action: TypeAlias = list[int]
 Observation: TypeAlias = tinker.ModelInput
@@ -76,6 +77,14 @@ class Trajectory:
 
 
 @dataclass
+class GroupTranscript:
+    """``logtree`` recordings of one group's rollout: each env's episode, and the group-reward computation."""
+
+    episodes_G: list[logtree.Trace]
+    group_rewards: logtree.Trace
+
+
+@dataclass
 class TrajectoryGroup:
     """The trajectories of one group, with the group-level rewards added to each.
 
@@ -85,6 +94,8 @@ class TrajectoryGroup:
     trajectories_G: list[Trajectory]
     final_rewards_G: list[float]
     metrics_G: list[Metrics]
+    transcript: GroupTranscript | None = field(default=None, repr=False, compare=False)
+    """What the envs logged (``logtree``) while this group rolled out, when the loop asked for it."""
 
     def get_total_rewards(self) -> list[float]:
         """Per trajectory: the sum of its step rewards plus its group reward."""

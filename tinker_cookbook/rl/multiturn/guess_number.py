@@ -194,3 +194,7 @@ class GuessNumberDatasetBuilder(RLDatasetBuilder):
         if self.n_test_games > 0:
             test = dataset(self.n_test_games, self.test_group_size, 1, seed=self.seed + 1_000_003)
         return train, test
+
+
+# The official cookbook's name of the group builder.
+GuessNumberEnvGroupBuilder = GuessNumberGroupBuilder

@@ -306,3 +306,7 @@ class TwentyQuestionsDatasetBuilder(RLDatasetBuilder):
                                        self.group_size, renderer, make_game)
         test = TwentyQuestionsDataset(test_words, len(test_words), self.test_group_size, renderer, make_game)
         return train, test
+
+
+# The official cookbook's name of the group builder.
+TwentyQuestionsEnvGroupBuilder = TwentyQuestionsGroupBuilder

@@ -1,10 +1,10 @@
 """Twenty questions with multi-turn, two-model RL (``tinker_cookbook.rl.multiturn.twenty_questions`` on
 ``tinker_cookbook.rl.train``).
 
-    python -m recipes.twenty_questions.train                       # SmolLM2-135M-Instruct plays and answers (animals)
-    python -m tinker_cookbook.recipes.twenty_questions.train       # the docs' module path: the same recipe
-    python -m recipes.twenty_questions.train max_steps=2 model_name=tinker-cookbook/tiny-smollm2   # smoke test
-    python -m recipes.twenty_questions.train model_name=meta-llama/Llama-3.1-8B-Instruct \
+    python -m recipes.multiplayer_rl.twenty_questions.train        # SmolLM2-135M-Instruct plays and answers (animals)
+    python -m tinker_cookbook.recipes.multiplayer_rl.twenty_questions.train # the docs' module path: the same recipe
+    python -m recipes.multiplayer_rl.twenty_questions.train max_steps=2 model_name=tinker-cookbook/tiny-smollm2   # smoke test
+    python -m recipes.multiplayer_rl.twenty_questions.train model_name=meta-llama/Llama-3.1-8B-Instruct \
         dataset_builder.word_list=nouns dataset_builder.include_example=false dataset_builder.max_questions=20 \
         dataset_builder.batch_size=64 dataset_builder.num_epochs=100 dataset_builder.test_group_size=32 \
         dataset_builder.answerer_max_tokens=5 learning_rate=3e-5 max_tokens=20 eval_every=5 save_every=20 \

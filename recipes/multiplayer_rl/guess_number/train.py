@@ -1,8 +1,8 @@
 """Guess the number with multi-turn RL (``tinker_cookbook.rl.multiturn.guess_number`` on ``tinker_cookbook.rl.train``).
 
-    python -m recipes.guess_number.train                                  # SmolLM2-135M-Instruct, numbers 1-10, CPU
-    python -m recipes.guess_number.train max_steps=2 model_name=tinker-cookbook/tiny-smollm2   # smoke test
-    python -m recipes.guess_number.train model_name=Qwen/Qwen3-4B-Instruct-2507 dataset_builder.low=0 \
+    python -m recipes.multiplayer_rl.guess_number.train                    # SmolLM2-135M-Instruct, numbers 1-10, CPU
+    python -m recipes.multiplayer_rl.guess_number.train max_steps=2 model_name=tinker-cookbook/tiny-smollm2   # smoke test
+    python -m recipes.multiplayer_rl.guess_number.train model_name=Qwen/Qwen3-4B-Instruct-2507 dataset_builder.low=0 \
         dataset_builder.high=1024 dataset_builder.max_turns=10 dataset_builder.format_penalty=1.0 \
         dataset_builder.include_example=false dataset_builder.batch_size=32 dataset_builder.group_size=8 \
         dataset_builder.n_batches=100 learning_rate=3e-5 max_tokens=64   # the docs' settings, where available

@@ -1,0 +1,69 @@
+"""The "shorter" judge with scripted quality judges: length decides among equally good replies, and in the
+pairwise self-play rewards the shorter replies of a group win."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from recipes.preference.shorter.env import (
+    PreferenceModelShorter,
+    ShorterPreferenceModelBuilder,
+    length_preference,
+)
+from tinker_cookbook.exceptions import ConfigurationError
+from tinker_cookbook.preference.comparison_env import play_matchups
+from tinker_cookbook.preference.preference_model import PreferenceModel
+from tinker_cookbook.preference.types import Comparison
+
+PROMPT = [{"role": "user", "content": "Why is the sky blue?"}]
+
+
+def _cmp(a: str, b: str) -> Comparison:
+    return Comparison(PROMPT, [{"role": "assistant", "content": a}], [{"role": "assistant", "content": b}])
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+class FixedQuality(PreferenceModel):
+    """P(A better) from a table of reply texts' quality: the higher quality wins with probability ``p``."""
+
+    def __init__(self, quality: dict[str, float], p: float = 0.9) -> None:
+        self.quality, self.p = quality, p
+
+    async def prob_a_better(self, comparison: Comparison) -> float:
+        qa = self.quality[comparison.completion_A[0]["content"]]
+        qb = self.quality[comparison.completion_B[0]["content"]]
+        return 0.5 if qa == qb else self.p if qa > qb else 1.0 - self.p
+
+
+def test_length_alone_prefers_the_shorter_reply():
+    assert length_preference(_cmp("short", "much longer")) == 1.0
+    assert length_preference(_cmp("much longer", "short")) == 0.0
+    assert length_preference(_cmp("same", "size")) == 0.5
+    judge = ShorterPreferenceModelBuilder(model_name="unused")()  # no model_path: length alone
+    assert run(judge(_cmp("a", "bb"))) == 1.0
+
+
+def test_quality_wins_where_clear_and_length_breaks_ties():
+    quality = FixedQuality({"Light scatters.": 1.0, "Rayleigh scattering of sunlight.": 1.0, "Dunno.": 0.0})
+    judge = PreferenceModelShorter(quality, tie_margin=0.1)
+    # Equally good: the shorter wins outright.
+    assert run(judge(_cmp("Light scatters.", "Rayleigh scattering of sunlight."))) == 1.0
+    # A clear quality difference stands even against a shorter reply (0.9 in both orders, averaged: 0.9).
+    assert run(judge(_cmp("Dunno.", "Light scatters."))) == pytest.approx(0.1)
+    # A quality verdict within the margin of 0.5 counts as a tie, decided by length.
+    assert run(PreferenceModelShorter(FixedQuality({"x": 1.0, "yy": 0.0}, p=0.55), 0.1)(_cmp("x", "yy"))) == 1.0
+    with pytest.raises(ConfigurationError, match="tie_margin=0.7"):
+        PreferenceModelShorter(None, 0.7)
+
+
+def test_in_a_group_the_shorter_replies_earn_more():
+    replies = [{"role": "assistant", "content": text} for text in ("aaaa", "a", "aa", "aaa")]
+    wins = run(play_matchups(PreferenceModelShorter(), PROMPT, replies, [True] * 4, [(i, j) for i in range(4)
+                                                                                      for j in range(i + 1, 4)]))
+    # All pairs among 4 replies: each plays 3 matchups and wins those against longer replies.
+    assert wins == pytest.approx([0.0, 1.0, 2 / 3, 1 / 3])
