@@ -11,6 +11,7 @@ deferred to the first client, so ``from tinker_cookbook import tinker`` stays fr
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
@@ -34,6 +35,15 @@ def local_backend() -> Backend[LocalSamplerHandle]:
     from tinker_cookbook.engine.backend import LocalBackend
 
     return LocalBackend.default()
+
+
+def base_model_dir(base_model: str) -> Path:
+    """A Hugging Face folder (``config.json`` + safetensors) with the weights the in-process engine loads for
+    ``base_model``: the hub snapshot, or for the engine's own models (tiny test models, the packaged SmolLM2, custom
+    registered ones) a copy saved once in the cache. What merging an adapter into full weights starts from."""
+    from tinker_cookbook.engine.models import base_model_dir as engine_base_model_dir
+
+    return engine_base_model_dir(base_model)
 
 
 def check_server_url(base_url: object) -> str:

@@ -1,0 +1,197 @@
+"""``build_hf_model``: the base model with a LoRA adapter merged in, as a Hugging Face model folder.
+
+Every adapted weight becomes ``W + scale · B @ A`` (computed in fp32, then cast to the output dtype), including the
+unembedding where the run trained it: a model with tied embeddings then gets its own ``lm_head.weight`` (the input
+embedding stays as it was) and ``tie_word_embeddings: false``. The base is streamed one tensor at a time and written
+in safetensors shards, so peak memory is about one shard plus one tensor, never a second copy of the model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tinker_cookbook.exceptions import ConfigurationError, WeightsError
+from tinker_cookbook.weights._adapter import UNEMBED_MODULE, Adapter, LoraPair, open_adapter
+from tinker_cookbook.weights._base import INDEX_FILE, SINGLE_FILE, BaseFiles, resolve_base
+from tinker_cookbook.weights._card import CARD_FILE, model_card
+from tinker_cookbook.weights._output import check_target, output_dir
+from tinker_cookbook.weights._tokenizer import choose_renderer, save_tokenizer, stop_token_ids
+
+DTYPES: dict[str, torch.dtype | None] = {
+    "auto": None, "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16, "f16": torch.float16,
+}
+"""Output dtype names; ``auto`` keeps each tensor's dtype in the base model's files."""
+DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
+
+
+def parse_dtype(dtype: str) -> torch.dtype | None:
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ConfigurationError(f"dtype={dtype!r} is not offered; choose one of {', '.join(DTYPES)}") from None
+
+
+def _embedding_key(keys: dict[str, tuple[int, ...]]) -> str | None:
+    return next((k for k in keys if k.endswith("embed_tokens.weight")), None)
+
+
+def plan_targets(adapter: Adapter, base: BaseFiles) -> dict[str, str]:
+    """Base tensor key -> adapted module, checked against the base's shapes before anything is written.
+
+    The unembedding of a model with tied embeddings has no tensor of its own: its LoRA applies to a new
+    ``lm_head.weight`` made from the embedding, keyed here by the embedding."""
+    shapes = base.keys_and_shapes()
+    targets: dict[str, str] = {}
+    for module, pair in adapter.pairs.items():
+        key = f"{module}.weight"
+        if key not in shapes and module == UNEMBED_MODULE:
+            key = _embedding_key(shapes) or key
+        if key not in shapes:
+            raise WeightsError(f"the adapter {adapter.source} adapts {module!r}, which the base model {base.name!r} "
+                               "does not have: it was trained on another model; pass that model as base_model")
+        want = (pair.b.shape[0], pair.a.shape[1])
+        if tuple(shapes[key]) != want:
+            raise WeightsError(f"the adapter {adapter.source} changes {module!r} with shape {list(want)}, but the "
+                               f"base model {base.name!r} has {list(shapes[key])}: it was trained on another model")
+        targets[key] = module
+    return targets
+
+
+def merged_tensors(adapter: Adapter, base: BaseFiles, dtype: torch.dtype | None
+                   ) -> Iterator[tuple[str, torch.Tensor]]:
+    """The merged model's tensors, one at a time, in the base's order (plus an untied ``lm_head.weight``)."""
+    targets = plan_targets(adapter, base)
+
+    def merge(weight: torch.Tensor, pair: LoraPair) -> torch.Tensor:
+        return (weight.float() + pair.delta()).to(dtype or weight.dtype)
+
+    for key, tensor in base.tensors():
+        module = targets.get(key)
+        if module == UNEMBED_MODULE and not key.startswith(UNEMBED_MODULE):  # tied: the embedding itself stays
+            yield key, tensor.to(dtype or tensor.dtype)
+            yield f"{UNEMBED_MODULE}.weight", merge(tensor, adapter.pairs[module])
+        elif module is not None:
+            yield key, merge(tensor, adapter.pairs[module])
+        else:
+            yield key, tensor.to(dtype or tensor.dtype)
+
+
+def write_shards(tensors: Iterator[tuple[str, torch.Tensor]], out: Path, max_shard_bytes: int) -> list[str]:
+    """Write ``tensors`` as safetensors shards of at most ``max_shard_bytes`` (a bigger tensor gets its own), named
+    as ``save_pretrained`` names them; returns the file names."""
+    import safetensors.torch
+
+    written: list[tuple[str, list[str], int]] = []
+    shard: dict[str, torch.Tensor] = {}
+    size = 0
+
+    def flush() -> None:
+        nonlocal shard, size
+        name = f"shard-{len(written):05d}.tmp"
+        safetensors.torch.save_file(shard, str(out / name), metadata={"format": "pt"})
+        written.append((name, list(shard), size))
+        shard, size = {}, 0
+
+    for key, tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if shard and size + nbytes > max_shard_bytes:
+            flush()
+        shard[key] = tensor.contiguous()
+        size += nbytes
+    if shard or not written:
+        flush()
+    if len(written) == 1:
+        (out / written[0][0]).rename(out / SINGLE_FILE)
+        return [SINGLE_FILE]
+    names = [f"model-{i + 1:05d}-of-{len(written):05d}.safetensors" for i in range(len(written))]
+    weight_map = {}
+    for (tmp, keys, _), name in zip(written, names, strict=True):
+        (out / tmp).rename(out / name)
+        weight_map.update(dict.fromkeys(keys, name))
+    index = {"metadata": {"total_size": sum(s for _, _, s in written)}, "weight_map": weight_map}
+    (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    return names
+
+
+def _config(base: BaseFiles, dtype: torch.dtype | None, untied: bool) -> dict[str, Any]:
+    config = base.config
+    if dtype is not None:
+        config["torch_dtype" if "torch_dtype" in config else "dtype"] = str(dtype).removeprefix("torch.")
+    if untied:
+        config["tie_word_embeddings"] = False
+        if isinstance(config.get("text_config"), dict):
+            config["text_config"]["tie_word_embeddings"] = False
+    return config
+
+
+def _generation_config(base: BaseFiles, config: dict[str, Any], stops: list[int]) -> dict[str, Any]:
+    """The base's generation config, stopping also on the renderer's end-of-turn tokens."""
+    path = base.folder / "generation_config.json"
+    generation = json.loads(path.read_text()) if path.is_file() else {}
+    text_config = config.get("text_config") or config
+    eos = generation.get("eos_token_id", text_config.get("eos_token_id"))
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    generation["eos_token_id"] = eos_ids + [s for s in stops if s not in eos_ids]
+    for key in ("bos_token_id", "pad_token_id"):
+        if key not in generation and text_config.get(key) is not None:
+            generation[key] = text_config[key]
+    return generation
+
+
+def build_hf_model(*, adapter_path: str, output_path: str, base_model: str | None = None, dtype: str = "auto",
+                   renderer_name: str | None = None, log_path: str | None = None, base_url: str | None = None,
+                   max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, force: bool = False) -> str:
+    """Merge the LoRA adapter at ``adapter_path`` into its base model; write a Hugging Face model folder.
+
+    Args:
+        adapter_path: a ``tinker://<run>/sampler_weights/<name>`` path or a downloaded adapter folder.
+        output_path: the folder to create; an existing one is replaced only with ``force``.
+        base_model: a model name or a local Hugging Face folder; default: the one the adapter was trained on.
+        dtype: ``auto`` (each tensor as stored in the base), ``float32``, ``bfloat16`` or ``float16``.
+        renderer_name: the chat format of the saved tokenizer; default: the run's renderer, else the base model's
+            recommended one.
+        log_path: the run's log folder, to put its ``config.json`` and final metrics into the model card.
+        base_url: the Tinker-protocol server holding the checkpoint (default: the local store).
+        max_shard_bytes: the largest safetensors shard.
+
+    Returns the output folder. The folder holds ``config.json``, ``generation_config.json``, safetensors (sharded
+    above ``max_shard_bytes``), the tokenizer with the renderer's chat template, and a model card ``README.md``.
+    """
+    target = Path(output_path).expanduser()
+    out_dtype = parse_dtype(dtype)
+    check_target(target, force)
+    with open_adapter(adapter_path, base_url) as adapter:
+        name = base_model or adapter.base_model
+        if not name:
+            raise WeightsError(f"the adapter {adapter.source} does not record its base model; pass base_model")
+        base = resolve_base(name)
+        renderer = choose_renderer(adapter, adapter.base_model or name, renderer_name)
+        plan_targets(adapter, base)  # refuse a mismatched adapter before writing anything
+        with output_dir(target, force) as out:
+            write_shards(merged_tensors(adapter, base, out_dtype), out, max_shard_bytes)
+            untied = adapter.trains_unembed and f"{UNEMBED_MODULE}.weight" not in base.keys_and_shapes()
+            config = _config(base, out_dtype, untied=untied)
+            (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+            tokenizer = save_tokenizer(out, base, renderer)
+            generation = _generation_config(base, config, stop_token_ids(tokenizer, renderer))
+            (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+            usage = ("```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
+                     f"model = AutoModelForCausalLM.from_pretrained({target.name!r})\n"
+                     f"tokenizer = AutoTokenizer.from_pretrained({target.name!r})\n```")
+            (out / CARD_FILE).write_text(model_card(adapter, name, "merged", renderer, log_path, usage))
+            _copy_extras(base, out)
+    return str(target)
+
+
+def _copy_extras(base: BaseFiles, out: Path) -> None:
+    """Processor files of vision-language models (the merge changes only the language model)."""
+    for name in ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json"):
+        if (base.folder / name).is_file() and not (out / name).exists():
+            shutil.copyfile(base.folder / name, out / name)
