@@ -20,5 +20,6 @@ Example::
 
 from tinker_cookbook.weights._download import download
 from tinker_cookbook.weights._merge import build_hf_model
+from tinker_cookbook.weights._peft import build_lora_adapter, serving_limitations
 
-__all__ = ["build_hf_model", "download"]
+__all__ = ["build_hf_model", "build_lora_adapter", "download", "serving_limitations"]
