@@ -19,7 +19,9 @@ Example::
 """
 
 from tinker_cookbook.weights._download import download
+from tinker_cookbook.weights._gguf import QUANT_TYPES, export_gguf, read_gguf
 from tinker_cookbook.weights._merge import build_hf_model
 from tinker_cookbook.weights._peft import build_lora_adapter, serving_limitations
 
-__all__ = ["build_hf_model", "build_lora_adapter", "download", "serving_limitations"]
+__all__ = ["QUANT_TYPES", "build_hf_model", "build_lora_adapter", "download", "export_gguf", "read_gguf",
+           "serving_limitations"]

@@ -9,6 +9,21 @@ from typing import Any
 from tinker_cookbook.weights._adapter import Adapter
 
 CARD_FILE = "README.md"
+EXPORT_INFO_FILE = "tinker_cookbook_export.json"
+"""Written into exported folders: base model, renderer and checkpoint, for the tools that read the folder later
+(``export_gguf --ollama``, ``chat``)."""
+
+
+def export_info(folder: Path) -> dict[str, Any]:
+    """The provenance an exported folder records (empty for folders written by other tools)."""
+    path = folder / EXPORT_INFO_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_export_info(folder: Path, adapter: Adapter, base_model: str, renderer_name: str) -> None:
+    info = {"base_model": base_model, "renderer_name": renderer_name, "checkpoint": adapter.source,
+            "run_id": adapter.run_id}
+    (folder / EXPORT_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
 
 
 def _last_metrics(log_path: Path) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ import torch
 from tinker_cookbook.exceptions import ConfigurationError, WeightsError
 from tinker_cookbook.weights._adapter import UNEMBED_MODULE, Adapter, LoraPair, open_adapter
 from tinker_cookbook.weights._base import INDEX_FILE, SINGLE_FILE, BaseFiles, resolve_base
-from tinker_cookbook.weights._card import CARD_FILE, model_card
+from tinker_cookbook.weights._card import CARD_FILE, model_card, write_export_info
 from tinker_cookbook.weights._output import check_target, output_dir
 from tinker_cookbook.weights._tokenizer import choose_renderer, save_tokenizer, stop_token_ids
 
@@ -186,6 +186,7 @@ def build_hf_model(*, adapter_path: str, output_path: str, base_model: str | Non
                      f"model = AutoModelForCausalLM.from_pretrained({target.name!r})\n"
                      f"tokenizer = AutoTokenizer.from_pretrained({target.name!r})\n```")
             (out / CARD_FILE).write_text(model_card(adapter, name, "merged", renderer, log_path, usage))
+            write_export_info(out, adapter, name, renderer)
             _copy_extras(base, out)
     return str(target)
 

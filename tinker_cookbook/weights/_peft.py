@@ -16,7 +16,7 @@ from pathlib import Path
 from tinker_cookbook.exceptions import WeightsError
 from tinker_cookbook.weights._adapter import PEFT_PREFIX, UNEMBED_MODULE, Adapter, open_adapter
 from tinker_cookbook.weights._base import resolve_base
-from tinker_cookbook.weights._card import CARD_FILE, model_card
+from tinker_cookbook.weights._card import CARD_FILE, model_card, write_export_info
 from tinker_cookbook.weights._merge import plan_targets
 from tinker_cookbook.weights._output import check_target, output_dir
 from tinker_cookbook.weights._tokenizer import choose_renderer, save_tokenizer
@@ -75,6 +75,7 @@ def build_lora_adapter(*, adapter_path: str, output_path: str, base_model: str |
             if limits:
                 usage += "\n\n**Serving engines:** " + " ".join(limits)
             (out / CARD_FILE).write_text(model_card(adapter, name, "adapter", renderer, log_path, usage))
+            write_export_info(out, adapter, name, renderer)
     for limit in limits:
         logger.warning("%s", limit)
     return str(target)
