@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from tinker_cookbook import backends, weights
-from tinker_cookbook.exceptions import ConfigurationError
 from tests.weights.conftest import QWEN3, train_and_save
 from tests.weights.test_merge import LOGPROB_TOLERANCE, TOKENS, engine_logprobs
+from tinker_cookbook import backends, weights
+from tinker_cookbook.exceptions import ConfigurationError
 
 
 def peft_logprobs(base_model: str, folder: str) -> np.ndarray:

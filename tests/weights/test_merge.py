@@ -9,11 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from tinker_cookbook import tinker, weights
-from tinker_cookbook.exceptions import CheckpointError, ConfigurationError, WeightsError
-from tinker_cookbook.tinker import types
-
 from tests.weights.conftest import QWEN3, SMOLLM2
+from tinker_cookbook import tinker, weights
+from tinker_cookbook.tinker import types
 
 TOKENS = [5, 17, 100, 2000, 31, 7, 901, 44, 12, 3000, 250, 77]
 # Both sides run fp32 over the same weights (the engine applies scale·B·A as its own merged matmul or as a separate

@@ -22,9 +22,10 @@ from tinker_cookbook.exceptions import ConfigurationError, WeightsError
 from tinker_cookbook.weights._base import BaseFiles
 from tinker_cookbook.weights._card import EXPORT_INFO_FILE, export_info
 from tinker_cookbook.weights._chat_format import chat_format
+from tinker_cookbook.weights._names import QUANT_NAMES
 from tinker_cookbook.weights._output import check_target, output_file
 
-QUANT_TYPES = ("f16", "bf16", "f32", "q8_0")
+QUANT_TYPES = QUANT_NAMES
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from tinker_cookbook.exceptions import ConfigurationError, WeightsError
 from tinker_cookbook.weights._adapter import UNEMBED_MODULE, Adapter, LoraPair, open_adapter
 from tinker_cookbook.weights._base import INDEX_FILE, SINGLE_FILE, BaseFiles, resolve_base
 from tinker_cookbook.weights._card import CARD_FILE, model_card, write_export_info
+from tinker_cookbook.weights._names import DTYPE_NAMES
 from tinker_cookbook.weights._output import check_target, output_dir
 from tinker_cookbook.weights._tokenizer import choose_renderer, save_tokenizer, stop_token_ids
 
@@ -27,7 +28,8 @@ DTYPES: dict[str, torch.dtype | None] = {
     "auto": None, "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
     "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16, "f16": torch.float16,
 }
-"""Output dtype names; ``auto`` keeps each tensor's dtype in the base model's files."""
+"""Output dtype names (``_names.DTYPE_NAMES``); ``auto`` keeps each tensor's dtype in the base model's files."""
+assert tuple(DTYPES) == DTYPE_NAMES, "the CLI's dtype names and the merge's differ"
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
 
 

@@ -36,7 +36,7 @@ def stop_token_ids(tokenizer: Tokenizer, renderer_name: str) -> list[int]:
 def stop_strings(tokenizer: Tokenizer, renderer_name: str) -> list[str]:
     """The renderer's stops as text (token stops decoded)."""
     stops = renderers.get_renderer(renderer_name, tokenizer).get_stop_sequences()
-    return [s if isinstance(s, str) else tokenizer.decode([s]) for s in stops]
+    return [s if isinstance(s, str) else str(tokenizer.decode([s])) for s in stops]
 
 
 def save_tokenizer(out: Path, base: BaseFiles, renderer_name: str) -> Tokenizer:
