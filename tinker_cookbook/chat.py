@@ -9,11 +9,13 @@ conversation); Ctrl-D or ``/exit`` leaves.
 
 Commands: ``/reset`` (forget the conversation), ``/system TEXT`` (set the system message and reset),
 ``/save FILE.jsonl`` (append the conversation as one ``{"messages": [...]}`` row, the format the supervised recipes
-read), ``/help``.
+read), ``/temperature T`` and ``/max-tokens N`` (change the flags of the same names), ``/help``.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -28,7 +30,8 @@ from tinker_cookbook.tinker import types
 
 PROMPT = "you> "
 REPLY_PREFIX = "assistant> "
-HELP = ("commands: /reset  /system TEXT  /save FILE.jsonl  /exit   (Ctrl-C stops a reply, Ctrl-D leaves)")
+HELP = ("commands: /reset  /system TEXT  /save FILE.jsonl  /temperature T  /max-tokens N  /exit   "
+        "(Ctrl-C stops a reply, Ctrl-D leaves)")
 
 
 class Sampler(Protocol):
@@ -49,6 +52,7 @@ class ChatSettings:
 
 @dataclass
 class Conversation:
+    settings: ChatSettings
     system: str | None = None
     messages: list[Message] = field(default_factory=list)
 
@@ -102,6 +106,15 @@ def _recommended(base_model: str) -> str:
         raise ConfigurationError(f"no renderer is known for {base_model!r} ({exc}); pass --renderer NAME") from None
 
 
+# Requests run on this thread, so that Ctrl-C (delivered to the main thread) interrupts only the wait for them,
+# never the client's own code half-way through a lock; an abandoned request finishes there and is dropped.
+_requests = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="chat-sampler")
+
+
+def _sample(target: ChatTarget, tokens: list[int], params: types.SamplingParams) -> types.SampledSequence:
+    return target.sampler.sample(types.ModelInput.from_ints(tokens), 1, params).result().sequences[0]
+
+
 def sampled_tokens(target: ChatTarget, prompt: list[int], settings: ChatSettings) -> Iterator[int]:
     """The reply's tokens as they are sampled, ``chunk_tokens`` per request, until a stop or ``max_tokens``."""
     generated: list[int] = []
@@ -110,8 +123,7 @@ def sampled_tokens(target: ChatTarget, prompt: list[int], settings: ChatSettings
         params = types.SamplingParams(max_tokens=min(settings.chunk_tokens, settings.max_tokens - len(generated)),
                                       temperature=settings.temperature, stop=stop,
                                       seed=None if settings.seed is None else settings.seed + len(generated))
-        sequence = target.sampler.sample(types.ModelInput.from_ints(prompt + generated), 1, params
-                                         ).result().sequences[0]
+        sequence = _requests.submit(_sample, target, prompt + generated, params).result()
         yield from sequence.tokens
         generated += sequence.tokens
         if sequence.stop_reason == "stop" or not sequence.tokens:
@@ -135,6 +147,8 @@ def reply(target: ChatTarget, conversation: Conversation, settings: ChatSettings
                 return delta.message
     except KeyboardInterrupt:
         out.write(" [stopped]\n")
+    except tinker.TinkerError as exc:  # e.g. the conversation outgrew the context window: the chat goes on
+        out.write(f"\nError: {exc} (/reset starts a new conversation)\n")
     return {"role": "assistant", "content": "".join(shown)}
 
 
@@ -170,15 +184,34 @@ def command(line: str, conversation: Conversation, out: TextIO) -> bool:
                 out.write(f"(saved {len(conversation.full())} messages to {written})\n")
             except (ConfigurationError, OSError) as exc:
                 out.write(f"Error: {exc}\n")
+    elif name in ("/temperature", "/max-tokens"):
+        _set(conversation, name, argument, out)
     else:
         out.write(HELP + "\n")
     return True
 
 
+def _set(conversation: Conversation, name: str, argument: str, out: TextIO) -> None:
+    try:
+        if name == "/temperature":
+            value: float = float(argument)
+            if value < 0:
+                raise ValueError
+            conversation.settings = dataclasses.replace(conversation.settings, temperature=value)
+        else:
+            value = int(argument)
+            if value < 1:
+                raise ValueError
+            conversation.settings = dataclasses.replace(conversation.settings, max_tokens=value)
+        out.write(f"({name[1:]} = {argument})\n")
+    except ValueError:
+        out.write(f"usage: {name} {'T (0 or more)' if name == '/temperature' else 'N (1 or more)'}\n")
+
+
 def run_chat(target: ChatTarget, settings: ChatSettings, system: str | None = None,
              read: Callable[[str], str] = input, out: TextIO = sys.stdout) -> Conversation:
     """The read-reply loop; returns the conversation when the user leaves."""
-    conversation = Conversation(system=system)
+    conversation = Conversation(settings=settings, system=system)
     out.write(f"Chatting with {target.description}. {HELP}\n")
     while True:
         try:
@@ -196,4 +229,4 @@ def run_chat(target: ChatTarget, settings: ChatSettings, system: str | None = No
                 return conversation
             continue
         conversation.messages.append({"role": "user", "content": line})
-        conversation.messages.append(reply(target, conversation, settings, out))
+        conversation.messages.append(reply(target, conversation, conversation.settings, out))

@@ -339,7 +339,8 @@ def chat(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
     from tinker_cookbook.chat import ChatSettings, open_target, run_chat
 
     target = open_target(args.model, base_url=args.base_url, renderer_name=args.renderer)
-    settings = ChatSettings(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+    settings = ChatSettings(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
+                            chunk_tokens=args.chunk_tokens)
     run_chat(target, settings, system=args.system)
 
 
@@ -526,6 +527,8 @@ def _add_chat(groups: Any) -> None:
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7; 0 = greedy)")
     p.add_argument("--max-tokens", type=_positive, default=512, help="longest reply in tokens (default 512)")
     p.add_argument("--seed", type=int, help="seed for reproducible sampling")
+    p.add_argument("--chunk-tokens", type=_positive, default=8,
+                   help="tokens asked per request while streaming (default 8; smaller shows text sooner)")
     p.set_defaults(handler=chat)
 
 
