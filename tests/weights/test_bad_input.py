@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.weights.conftest import QWEN3
 from tinker_cookbook import cli, tinker, weights
 from tinker_cookbook.exceptions import CheckpointError, ConfigurationError, WeightsError
-from tests.weights.conftest import QWEN3
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
