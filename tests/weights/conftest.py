@@ -10,6 +10,7 @@ from tinker_cookbook.tinker import types
 
 QWEN3 = "tinker-cookbook/tiny-qwen3"
 SMOLLM2 = "tinker-cookbook/tiny-smollm2"  # tied embeddings: an unembedding LoRA must untie them
+QWEN3_VL = "tinker-cookbook/tiny-qwen3-vl"  # the language model is merged, the vision tower copied
 
 
 @pytest.fixture(autouse=True)
@@ -40,3 +41,8 @@ def qwen3_checkpoint() -> str:
 @pytest.fixture(scope="session")
 def smollm2_checkpoint() -> str:
     return train_and_save(SMOLLM2, "chatml")
+
+
+@pytest.fixture(scope="session")
+def qwen3_vl_checkpoint() -> str:
+    return train_and_save(QWEN3_VL, "qwen3_vl")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.weights.conftest import QWEN3, SMOLLM2
+from tests.weights.conftest import QWEN3, QWEN3_VL, SMOLLM2
 from tinker_cookbook import tinker, weights
 from tinker_cookbook.tinker import types
 
@@ -30,9 +30,11 @@ def engine_logprobs(tinker_path: str) -> np.ndarray:
 
 
 def transformers_logprobs(folder: str) -> np.ndarray:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    vision = "vision_config" in json.loads(Path(folder, "config.json").read_text())
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    model = auto.from_pretrained(folder, dtype=torch.float32)
     with torch.no_grad():
         logits = model(torch.tensor([TOKENS])).logits[0].float()
     logprobs = torch.log_softmax(logits, dim=-1)[:-1].gather(1, torch.tensor(TOKENS[1:])[:, None])[:, 0]
@@ -44,7 +46,8 @@ def base_logprobs(base_model: str) -> np.ndarray:
     return np.array(client.compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()[1:], dtype=np.float64)
 
 
-@pytest.mark.parametrize(("base_model", "fixture"), [(QWEN3, "qwen3_checkpoint"), (SMOLLM2, "smollm2_checkpoint")])
+@pytest.mark.parametrize(("base_model", "fixture"), [(QWEN3, "qwen3_checkpoint"), (SMOLLM2, "smollm2_checkpoint"),
+                                                     (QWEN3_VL, "qwen3_vl_checkpoint")])
 def test_merged_logits_equal_the_engine_on_the_adapter(base_model, fixture, request, tmp_path: Path):
     checkpoint = request.getfixturevalue(fixture)
     out = weights.build_hf_model(adapter_path=checkpoint, output_path=str(tmp_path / "merged"), dtype="float32")
@@ -55,3 +58,18 @@ def test_merged_logits_equal_the_engine_on_the_adapter(base_model, fixture, requ
     config = json.loads((tmp_path / "merged" / "config.json").read_text())
     if base_model == SMOLLM2:  # an unembedding LoRA on tied embeddings: lm_head gets its own weight
         assert config["tie_word_embeddings"] is False
+
+
+def test_sharded_output_and_bf16(qwen3_checkpoint, tmp_path: Path):
+    out = Path(weights.build_hf_model(adapter_path=qwen3_checkpoint, output_path=str(tmp_path / "m"), dtype="bf16",
+                                      max_shard_bytes=10**7))
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1 and all((out / s).is_file() for s in shards)
+    assert not list(out.glob("*.tmp"))
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    from tinker_cookbook.weights._base import BaseFiles
+
+    assert {t.dtype for _, t in BaseFiles("m", out).tensors()} == {torch.bfloat16}
+    card = (out / "README.md").read_text()
+    assert qwen3_checkpoint in card and "base_model: tinker-cookbook/tiny-qwen3" in card
