@@ -71,11 +71,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--log-path", default="/tmp/tinker-examples/sl_basic", help="the sl_basic run's log folder")
     parser.add_argument("--out", default="/tmp/weights-figures", help="where the exports go (replaced)")
+    parser.add_argument("--checkpoint", help="a tinker:// sampler path (default: the run's last one)")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--step", help=argparse.SUPPRESS)  # internal: run one step in this process
     args = parser.parse_args()
     log_path, out = Path(args.log_path), Path(args.out)
-    checkpoint = last_sampler_path(log_path)
+    checkpoint = args.checkpoint or last_sampler_path(log_path)
     merged, adapter = out / "merged", out / "adapter"
     if args.step == "greedy":
         print(json.dumps(greedy(checkpoint, str(merged), args.max_tokens)))
@@ -101,7 +102,7 @@ def main() -> None:
             raise RuntimeError(f"{name} failed:\n{done.stderr}")
         peak = float(done.stderr.strip().splitlines()[-1])
         print(f"| {name} | {time.perf_counter() - started:.1f} | {peak:.0f} | {size_mb(output):.1f} |", flush=True)
-    result = subprocess.run([sys.executable, str(Path(__file__)), "--step", "greedy", "--log-path", str(log_path),
+    result = subprocess.run([sys.executable, str(Path(__file__)), "--step", "greedy", "--checkpoint", checkpoint,
                              "--out", str(out), "--max-tokens", str(args.max_tokens)], cwd=REPO, capture_output=True,
                             text=True, check=True)
     print("\n" + json.dumps(json.loads(result.stdout.strip().splitlines()[-1]), indent=2))

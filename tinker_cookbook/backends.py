@@ -5,7 +5,8 @@ and this module registers the factories below. ``base_url`` None, "" or "local" 
 per process, shared by every client); any other value is a Tinker-protocol server, reached through the official
 ``tinker`` SDK (``pip install tinker_cookbook[remote]``).
 
-This is the only module besides the engine itself that imports ``tinker_cookbook.engine``; the imports are
+It also says where the in-process engine's base models live as files (``base_model_dir``), which the weights tools
+merge adapters into. This is the only module besides the engine itself that imports ``tinker_cookbook.engine``; the imports are
 deferred to the first client, so ``from tinker_cookbook import tinker`` stays free of torch.
 """
 

@@ -147,6 +147,17 @@ def _generation_config(base: BaseFiles, config: dict[str, Any], stops: list[int]
     return generation
 
 
+def prepare_export(adapter: Adapter, base_model: str | None, renderer_name: str | None) -> tuple[str, BaseFiles, str]:
+    """(base model name, its files, renderer name) for exporting ``adapter``, with everything that can be wrong
+    (no base model, an adapter of another model, an unknown renderer) refused before anything is written."""
+    name = base_model or adapter.base_model
+    if not name:
+        raise WeightsError(f"the adapter {adapter.source} does not record its base model; pass base_model")
+    base = resolve_base(name)
+    plan_targets(adapter, base)
+    return name, base, choose_renderer(adapter, adapter.base_model or name, renderer_name)
+
+
 def build_hf_model(*, adapter_path: str, output_path: str, base_model: str | None = None, dtype: str = "auto",
                    renderer_name: str | None = None, log_path: str | None = None, base_url: str | None = None,
                    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, force: bool = False) -> str:
@@ -170,12 +181,7 @@ def build_hf_model(*, adapter_path: str, output_path: str, base_model: str | Non
     out_dtype = parse_dtype(dtype)
     check_target(target, force)
     with open_adapter(adapter_path, base_url) as adapter:
-        name = base_model or adapter.base_model
-        if not name:
-            raise WeightsError(f"the adapter {adapter.source} does not record its base model; pass base_model")
-        base = resolve_base(name)
-        renderer = choose_renderer(adapter, adapter.base_model or name, renderer_name)
-        plan_targets(adapter, base)  # refuse a mismatched adapter before writing anything
+        name, base, renderer = prepare_export(adapter, base_model, renderer_name)
         with output_dir(target, force) as out:
             write_shards(merged_tensors(adapter, base, out_dtype), out, max_shard_bytes)
             untied = adapter.trains_unembed and f"{UNEMBED_MODULE}.weight" not in base.keys_and_shapes()

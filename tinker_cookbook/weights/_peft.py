@@ -13,13 +13,11 @@ import json
 import logging
 from pathlib import Path
 
-from tinker_cookbook.exceptions import WeightsError
 from tinker_cookbook.weights._adapter import PEFT_PREFIX, UNEMBED_MODULE, Adapter, open_adapter
-from tinker_cookbook.weights._base import resolve_base
 from tinker_cookbook.weights._card import CARD_FILE, model_card, write_export_info
-from tinker_cookbook.weights._merge import plan_targets
+from tinker_cookbook.weights._merge import prepare_export
 from tinker_cookbook.weights._output import check_target, output_dir
-from tinker_cookbook.weights._tokenizer import choose_renderer, save_tokenizer
+from tinker_cookbook.weights._tokenizer import save_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -54,12 +52,7 @@ def build_lora_adapter(*, adapter_path: str, output_path: str, base_model: str |
     target = Path(output_path).expanduser()
     check_target(target, force)
     with open_adapter(adapter_path, base_url) as adapter:
-        name = base_model or adapter.base_model
-        if not name:
-            raise WeightsError(f"the adapter {adapter.source} does not record its base model; pass base_model")
-        base = resolve_base(name)
-        plan_targets(adapter, base)
-        renderer = choose_renderer(adapter, adapter.base_model or name, renderer_name)
+        name, base, renderer = prepare_export(adapter, base_model, renderer_name)
         limits = serving_limitations(adapter)
         with output_dir(target, force) as out:
             state = {}
