@@ -102,7 +102,7 @@ def main() -> None:
             raise RuntimeError(f"{name} failed:\n{done.stderr}")
         peak = float(done.stderr.strip().splitlines()[-1])
         print(f"| {name} | {time.perf_counter() - started:.1f} | {peak:.0f} | {size_mb(output):.1f} |", flush=True)
-    result = subprocess.run([sys.executable, str(Path(__file__)), "--step", "greedy", "--checkpoint", checkpoint,
+    result = subprocess.run([sys.executable, "-m", "bench.bench_weights", "--step", "greedy", "--checkpoint", checkpoint,
                              "--out", str(out), "--max-tokens", str(args.max_tokens)], cwd=REPO, capture_output=True,
                             text=True, check=True)
     print("\n" + json.dumps(json.loads(result.stdout.strip().splitlines()[-1]), indent=2))

@@ -55,18 +55,18 @@ def test_unsupported_dtype_is_refused_before_any_work(tmp_path: Path):
 
 
 def test_disk_filling_mid_write_leaves_nothing(qwen3_checkpoint, tmp_path: Path, monkeypatch):
-    import safetensors.torch
+    from tinker_cookbook.weights import _merge
 
-    real_save, calls = safetensors.torch.save_file, []
+    real_write, calls = _merge.write_safetensors, []
 
-    def save_until_full(tensors, filename, metadata=None):
-        calls.append(filename)
+    def write_until_full(path, layout, tensors):
+        calls.append(path)
         if len(calls) == 2:  # the second shard: half a file, then the disk is full
-            Path(filename).write_bytes(b"\0" * 1000)
+            Path(path).write_bytes(b"\0" * 1000)
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_save(tensors, filename, metadata=metadata)
+        return real_write(path, layout, tensors)
 
-    monkeypatch.setattr(safetensors.torch, "save_file", save_until_full)
+    monkeypatch.setattr(_merge, "write_safetensors", write_until_full)
     with pytest.raises(WeightsError, match="disk filled up.*nothing was left"):
         weights.build_hf_model(adapter_path=qwen3_checkpoint, output_path=str(tmp_path / "m"), max_shard_bytes=10**6)
     assert len(calls) == 2

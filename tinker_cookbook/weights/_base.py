@@ -18,6 +18,13 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 
+SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
+    "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}
+"""The safetensors header's dtype names."""
+
+
 @dataclass(frozen=True)
 class BaseFiles:
     """A base model's folder: ``config.json`` and its safetensors (one file or an index of shards)."""
@@ -45,15 +52,20 @@ class BaseFiles:
                 for key in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
                     yield key, handle.get_tensor(key)
 
-    def keys_and_shapes(self) -> dict[str, tuple[int, ...]]:
+    def layout(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Key -> (shape, dtype) of every tensor, in the order of :meth:`tensors`, read from the headers alone."""
         from safetensors import safe_open
 
-        shapes: dict[str, tuple[int, ...]] = {}
+        found: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
         for path in self.weight_files():
             with safe_open(str(path), framework="pt") as handle:
                 for key in handle.keys():  # noqa: SIM118
-                    shapes[key] = tuple(handle.get_slice(key).get_shape())
-        return shapes
+                    view = handle.get_slice(key)
+                    found[key] = (tuple(view.get_shape()), SAFETENSORS_DTYPES[view.get_dtype()])
+        return found
+
+    def keys_and_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {key: shape for key, (shape, _) in self.layout().items()}
 
 
 def resolve_base(base_model: str) -> BaseFiles:

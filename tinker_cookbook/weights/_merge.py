@@ -3,13 +3,16 @@
 Every adapted weight becomes ``W + scale · B @ A`` (computed in fp32, then cast to the output dtype), including the
 unembedding where the run trained it: a model with tied embeddings then gets its own ``lm_head.weight`` (the input
 embedding stays as it was) and ``tie_word_embeddings: false``. The base is streamed one tensor at a time and written
-in safetensors shards, so peak memory is about one shard plus one tensor, never a second copy of the model.
+in safetensors shards one tensor at a time (each file's header is known from the base's headers), so peak memory
+is about one tensor (twice the largest, in fp32, while it is merged) above the process itself.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,7 @@ import torch
 
 from tinker_cookbook.exceptions import ConfigurationError, WeightsError
 from tinker_cookbook.weights._adapter import UNEMBED_MODULE, Adapter, LoraPair, open_adapter
-from tinker_cookbook.weights._base import INDEX_FILE, SINGLE_FILE, BaseFiles, resolve_base
+from tinker_cookbook.weights._base import INDEX_FILE, SAFETENSORS_DTYPES, SINGLE_FILE, BaseFiles, resolve_base
 from tinker_cookbook.weights._card import CARD_FILE, model_card, write_export_info
 from tinker_cookbook.weights._names import DTYPE_NAMES
 from tinker_cookbook.weights._output import check_target, output_dir
@@ -85,39 +88,70 @@ def merged_tensors(adapter: Adapter, base: BaseFiles, dtype: torch.dtype | None
             yield key, tensor.to(dtype or tensor.dtype)
 
 
-def write_shards(tensors: Iterator[tuple[str, torch.Tensor]], out: Path, max_shard_bytes: int) -> list[str]:
+Layout = list[tuple[str, tuple[int, ...], torch.dtype]]
+"""(key, shape, dtype) of each output tensor, in writing order."""
+
+
+def merged_layout(adapter: Adapter, base: BaseFiles, dtype: torch.dtype | None) -> Layout:
+    """What :func:`merged_tensors` yields, known from the headers before any tensor is read."""
+    targets = plan_targets(adapter, base)
+    layout: Layout = []
+    for key, (shape, stored) in base.layout().items():
+        layout.append((key, shape, dtype or stored))
+        if targets.get(key) == UNEMBED_MODULE and not key.startswith(UNEMBED_MODULE):
+            layout.append((f"{UNEMBED_MODULE}.weight", shape, dtype or stored))
+    return layout
+
+
+def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+
+def write_safetensors(path: Path, layout: Layout, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """A safetensors file of the tensors ``layout`` announces, written one tensor at a time: the header comes from
+    the layout, so no tensor waits in memory for the others (``safetensors.save_file`` would hold them all and a
+    serialised copy)."""
+    names = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for key, shape, dtype in layout:
+        size = _nbytes(shape, dtype)
+        header[key] = {"dtype": names[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    with path.open("wb") as handle:
+        handle.write(struct.pack("<Q", len(raw)) + raw)
+        for key, shape, dtype in layout:
+            got, tensor = next(tensors)
+            if got != key or tuple(tensor.shape) != shape or tensor.dtype != dtype:
+                raise AssertionError(f"merge wrote {got} {tuple(tensor.shape)} {tensor.dtype} where the layout has "
+                                     f"{key} {shape} {dtype}")
+            handle.write(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data)
+
+
+def write_shards(layout: Layout, tensors: Iterator[tuple[str, torch.Tensor]], out: Path, max_shard_bytes: int
+                 ) -> list[str]:
     """Write ``tensors`` as safetensors shards of at most ``max_shard_bytes`` (a bigger tensor gets its own), named
-    as ``save_pretrained`` names them; returns the file names."""
-    import safetensors.torch
-
-    written: list[tuple[str, list[str], int]] = []
-    shard: dict[str, torch.Tensor] = {}
+    as ``save_pretrained`` names them, with an index when there are several; returns the file names."""
+    shards: list[Layout] = [[]]
     size = 0
-
-    def flush() -> None:
-        nonlocal shard, size
-        name = f"shard-{len(written):05d}.tmp"
-        safetensors.torch.save_file(shard, str(out / name), metadata={"format": "pt"})
-        written.append((name, list(shard), size))
-        shard, size = {}, 0
-
-    for key, tensor in tensors:
-        nbytes = tensor.numel() * tensor.element_size()
-        if shard and size + nbytes > max_shard_bytes:
-            flush()
-        shard[key] = tensor.contiguous()
+    for entry in layout:
+        nbytes = _nbytes(entry[1], entry[2])
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(entry)
         size += nbytes
-    if shard or not written:
-        flush()
-    if len(written) == 1:
-        (out / written[0][0]).rename(out / SINGLE_FILE)
+    if len(shards) == 1:
+        write_safetensors(out / SINGLE_FILE, shards[0], tensors)
         return [SINGLE_FILE]
-    names = [f"model-{i + 1:05d}-of-{len(written):05d}.safetensors" for i in range(len(written))]
-    weight_map = {}
-    for (tmp, keys, _), name in zip(written, names, strict=True):
-        (out / tmp).rename(out / name)
-        weight_map.update(dict.fromkeys(keys, name))
-    index = {"metadata": {"total_size": sum(s for _, _, s in written)}, "weight_map": weight_map}
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for shard, name in zip(shards, names, strict=True):
+        write_safetensors(out / name, shard, tensors)
+    weight_map = {key: name for shard, name in zip(shards, names, strict=True) for key, _, _ in shard}
+    total = sum(_nbytes(shape, dtype) for _, shape, dtype in layout)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     return names
 
@@ -183,7 +217,8 @@ def build_hf_model(*, adapter_path: str, output_path: str, base_model: str | Non
     with open_adapter(adapter_path, base_url) as adapter:
         name, base, renderer = prepare_export(adapter, base_model, renderer_name)
         with output_dir(target, force) as out:
-            write_shards(merged_tensors(adapter, base, out_dtype), out, max_shard_bytes)
+            layout = merged_layout(adapter, base, out_dtype)
+            write_shards(layout, merged_tensors(adapter, base, out_dtype), out, max_shard_bytes)
             untied = adapter.trains_unembed and f"{UNEMBED_MODULE}.weight" not in base.keys_and_shapes()
             config = _config(base, out_dtype, untied=untied)
             (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
