@@ -15,11 +15,13 @@ from tinker_cookbook.exceptions import (
     RendererError,
     TinkerCookbookError,
     TrainingError,
+    WeightsError,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AllTrajectoriesFailedError", "CheckpointError", "ConfigurationError", "DataError", "DataFormatError",
-    "DataValidationError", "EvalError", "RendererError", "TinkerCookbookError", "TrainingError", "__version__",
+    "DataValidationError", "EvalError", "RendererError", "TinkerCookbookError", "TrainingError", "WeightsError",
+    "__version__",
 ]

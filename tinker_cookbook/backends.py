@@ -5,12 +5,14 @@ and this module registers the factories below. ``base_url`` None, "" or "local" 
 per process, shared by every client); any other value is a Tinker-protocol server, reached through the official
 ``tinker`` SDK (``pip install tinker_cookbook[remote]``).
 
-This is the only module besides the engine itself that imports ``tinker_cookbook.engine``; the imports are
+It also says where the in-process engine's base models live as files (``base_model_dir``), which the weights tools
+merge adapters into. This is the only module besides the engine itself that imports ``tinker_cookbook.engine``; the imports are
 deferred to the first client, so ``from tinker_cookbook import tinker`` stays free of torch.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
@@ -34,6 +36,15 @@ def local_backend() -> Backend[LocalSamplerHandle]:
     from tinker_cookbook.engine.backend import LocalBackend
 
     return LocalBackend.default()
+
+
+def base_model_dir(base_model: str) -> Path:
+    """A Hugging Face folder (``config.json`` + safetensors) with the weights the in-process engine loads for
+    ``base_model``: the hub snapshot, or for the engine's own models (tiny test models, the packaged SmolLM2, custom
+    registered ones) a copy saved once in the cache. What merging an adapter into full weights starts from."""
+    from tinker_cookbook.engine.models import base_model_dir as engine_base_model_dir
+
+    return engine_base_model_dir(base_model)
 
 
 def check_server_url(base_url: object) -> str:

@@ -15,11 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tarfile
-import tempfile
-import urllib.request
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,9 +27,8 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from tinker_cookbook import perf_env
-from tinker_cookbook.base.atomic_files import atomic_dir
-from tinker_cookbook.exceptions import ConfigurationError
+from tinker_cookbook import __version__, perf_env
+from tinker_cookbook.exceptions import ConfigurationError, TinkerCookbookError
 from tinker_cookbook.tinker import RestClient, errors, types
 
 # ---------------------------------------------------------------------------------------------------------
@@ -183,22 +180,9 @@ def checkpoint_info(rc: RestClient, args: argparse.Namespace, out: Printer) -> N
 
 
 def checkpoint_download(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
-    parsed = _parse(args.path)
-    kind, name = parsed.checkpoint_id.split("/", 1)
-    output_dir = Path(args.output).expanduser()
-    target = output_dir / f"{parsed.training_run_id}_{kind}_{name}"
-    if target.exists() and not args.force:
-        raise errors.ConflictError(f"{str(target)!r} already exists; pass --force to replace it")
-    url = rc.get_checkpoint_archive_url_from_tinker_path(args.path).result().url
-    output_dir.mkdir(parents=True, exist_ok=True)
-    # Fetch and extract beside the target and rename, so an interrupted download never looks complete.
-    with (atomic_dir(target) as extracted,
-          tempfile.TemporaryDirectory(prefix=f".{target.name}.", dir=output_dir) as download):
-        tar_path, _ = urllib.request.urlretrieve(url, Path(download) / "archive.tar")
-        with tarfile.open(tar_path) as tar:
-            tar.extractall(extracted, filter="data")
-        if target.exists():
-            shutil.rmtree(target)
+    from tinker_cookbook.weights import download
+
+    target = Path(download(tinker_path=args.path, output_dir=args.output, base_url=args.base_url, force=args.force))
     files = sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file())
     out.emit(
         {"tinker_path": args.path, "path": str(target), "files": files}, f"Downloaded {args.path} to {target}"
@@ -288,6 +272,79 @@ def run_info(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# weights and chat (imported when used: they load torch and transformers)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _folder_summary(path: Path) -> tuple[int, list[str]]:
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    return sum(p.stat().st_size for p in files), [p.relative_to(path).as_posix() for p in files]
+
+
+def weights_merge(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
+    from tinker_cookbook.weights import build_hf_model
+
+    started = time.perf_counter()
+    target = Path(build_hf_model(adapter_path=args.path, output_path=args.output, base_model=args.base_model,
+                                 dtype=args.dtype, renderer_name=args.renderer, log_path=args.log_path,
+                                 base_url=args.base_url, max_shard_bytes=int(args.max_shard_gb * 1e9),
+                                 force=args.force))
+    size, files = _folder_summary(target)
+    seconds = time.perf_counter() - started
+    out.emit({"path": str(target), "files": files, "size_bytes": size, "seconds": round(seconds, 2)},
+             f"Merged {args.path} into {target} ({format_size(size)}, {seconds:.1f} s)")
+
+
+def weights_adapter(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
+    from tinker_cookbook.weights import build_lora_adapter
+
+    target = Path(build_lora_adapter(adapter_path=args.path, output_path=args.output, base_model=args.base_model,
+                                     renderer_name=args.renderer, log_path=args.log_path, base_url=args.base_url,
+                                     force=args.force))
+    size, files = _folder_summary(target)
+    out.emit({"path": str(target), "files": files, "size_bytes": size},
+             f"Wrote the PEFT adapter of {args.path} to {target} ({format_size(size)})")
+
+
+def weights_export_gguf(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
+    from tinker_cookbook.weights import export_gguf
+
+    started = time.perf_counter()
+    target = Path(export_gguf(args.model, args.output, quant=args.type, ollama=args.ollama, force=args.force))
+    seconds = time.perf_counter() - started
+    data = {"path": str(target), "size_bytes": target.stat().st_size, "type": args.type,
+            "seconds": round(seconds, 2), "modelfile": str(target.parent / "Modelfile") if args.ollama else None}
+    message = f"Wrote {target} ({args.type}, {format_size(target.stat().st_size)}, {seconds:.1f} s)"
+    if args.ollama:
+        message += f"; Ollama: ollama create NAME -f {target.parent / 'Modelfile'}"
+    out.emit(data, message)
+
+
+def weights_publish(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
+    from tinker_cookbook.weights import build_hf_model, publish
+
+    folder = args.model
+    if args.model.startswith("tinker://"):  # merge first, then push the merged folder
+        if not args.output:
+            raise ConfigurationError("publishing a tinker:// checkpoint merges it first: pass -o FOLDER for the merged "
+                                     "model (or pass a folder written by `weights merge`)")
+        folder = build_hf_model(adapter_path=args.model, output_path=args.output, base_url=args.base_url,
+                                force=args.force)
+        print(f"Merged {args.model} into {folder}", file=sys.stderr)
+    url = publish(folder, args.repo, private=args.private)
+    out.emit({"path": folder, "url": url}, f"Pushed {folder} to {url}")
+
+
+def chat(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
+    from tinker_cookbook.chat import ChatSettings, open_target, run_chat
+
+    target = open_target(args.model, base_url=args.base_url, renderer_name=args.renderer)
+    settings = ChatSettings(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
+                            chunk_tokens=args.chunk_tokens)
+    run_chat(target, settings, system=args.system)
+
+
+# ---------------------------------------------------------------------------------------------------------
 # serve
 # ---------------------------------------------------------------------------------------------------------
 
@@ -346,7 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format")
-    groups = parser.add_subparsers(dest="group", required=True, metavar="{checkpoint,run,serve}")
+    parser.add_argument("--version", action="version", version=f"tinker-cookbook {__version__}")
+    groups = parser.add_subparsers(dest="group", required=True, metavar="{checkpoint,run,weights,chat,serve}")
 
     ckpt = groups.add_parser("checkpoint", help="list, inspect, download, delete and publish checkpoints")
     ckpt_cmds = ckpt.add_subparsers(dest="command", required=True)
@@ -357,11 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = ckpt_cmds.add_parser("info", help="properties of one checkpoint")
     p.add_argument("path", help="tinker://<run_id>/(weights|sampler_weights)/<name>")
     p.set_defaults(handler=checkpoint_info)
-    p = ckpt_cmds.add_parser("download", help="extract a checkpoint into <run>_<type>_<name>/")
-    p.add_argument("path")
-    p.add_argument("-o", "--output", default=".", help="directory to extract into (default: current)")
-    p.add_argument("--force", action="store_true", help="replace an existing download")
-    p.set_defaults(handler=checkpoint_download)
+    _add_download(ckpt_cmds)
     p = ckpt_cmds.add_parser("delete", help="delete checkpoints")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
@@ -384,6 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = run_cmds.add_parser("info", help="properties of one training run")
     p.add_argument("run_id")
     p.set_defaults(handler=run_info)
+
+    _add_weights(groups)
+    _add_chat(groups)
 
     p = groups.add_parser(
         "serve", help="serve the engine over HTTP (OpenAI-compatible /v1 routes and the Tinker API)",
@@ -412,12 +469,82 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_download(commands: Any) -> None:
+    p = commands.add_parser("download", help="extract a checkpoint into <run>_<type>_<name>/ (a sampler checkpoint "
+                            "is a PEFT adapter folder)")
+    p.add_argument("path", help="tinker://<run_id>/(weights|sampler_weights)/<name>")
+    p.add_argument("-o", "--output", default=".", help="directory to extract into (default: current)")
+    p.add_argument("--force", action="store_true", help="replace an existing download")
+    p.add_argument("--base-url", help="the Tinker-protocol server holding the checkpoint (default: the local store)")
+    p.set_defaults(handler=checkpoint_download)
+
+
+def _add_export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="tinker://<run_id>/sampler_weights/<name>, or a downloaded adapter folder")
+    p.add_argument("-o", "--output", required=True, help="the folder to create")
+    p.add_argument("--base-model", help="a model name or Hugging Face folder (default: the adapter's base model)")
+    p.add_argument("--renderer", help="chat format of the saved tokenizer (default: the run's renderer)")
+    p.add_argument("--log-path", help="the run's log folder: its config and final metrics go into the model card")
+    p.add_argument("--base-url", help="the Tinker-protocol server holding the checkpoint (default: the local store)")
+    p.add_argument("--force", action="store_true", help="replace an existing output folder")
+
+
+def _add_weights(groups: Any) -> None:
+    from tinker_cookbook.weights import DTYPE_NAMES, QUANT_NAMES
+
+    weights = groups.add_parser("weights", help="merge, convert, export and publish trained weights",
+                                description="Trained weights out of the store; see docs/weights.md.")
+    cmds = weights.add_subparsers(dest="command", required=True)
+    _add_download(cmds)
+    p = cmds.add_parser("merge", help="the base model with the adapter merged in: a Hugging Face model folder")
+    _add_export_args(p)
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="auto",
+                   help="weights dtype (default auto: as stored in the base model)")
+    p.add_argument("--max-shard-gb", type=float, default=5.0, help="largest safetensors shard (default 5 GB)")
+    p.set_defaults(handler=weights_merge)
+    p = cmds.add_parser("adapter", help="the adapter alone, in the PEFT layout vLLM and SGLang load")
+    _add_export_args(p)
+    p.set_defaults(handler=weights_adapter)
+    p = cmds.add_parser("export-gguf", help="a merged folder as one GGUF file (llama.cpp, Ollama)")
+    p.add_argument("model", help="a folder written by `weights merge`")
+    p.add_argument("-o", "--output", required=True, help="the .gguf file to write")
+    p.add_argument("--type", choices=QUANT_NAMES, default="f16", help="tensor type (default f16)")
+    p.add_argument("--ollama", action="store_true", help="also write an Ollama Modelfile beside the file")
+    p.add_argument("--force", action="store_true", help="replace existing files")
+    p.set_defaults(handler=weights_export_gguf)
+    p = cmds.add_parser("publish", help="push a merged (or adapter) folder to the Hugging Face Hub")
+    p.add_argument("model", help="a folder written by `weights merge`/`weights adapter`, or a tinker:// sampler "
+                   "path (merged into -o first)")
+    p.add_argument("--repo", required=True, help="USER/NAME on the Hub")
+    p.add_argument("--private", action="store_true", help="create the repo private")
+    p.add_argument("-o", "--output", help="where to merge a tinker:// path before pushing")
+    p.add_argument("--base-url", help="the Tinker-protocol server holding the checkpoint")
+    p.add_argument("--force", action="store_true", help="replace an existing merged folder")
+    p.set_defaults(handler=weights_publish)
+
+
+def _add_chat(groups: Any) -> None:
+    p = groups.add_parser("chat", help="talk to a checkpoint, a base model or a merged folder in the terminal",
+                          description="Interactive chat: /reset, /system TEXT, /save FILE.jsonl, /exit; Ctrl-C stops "
+                          "a reply, Ctrl-D leaves.")
+    p.add_argument("model", help="tinker://<run_id>/sampler_weights/<name>, a base model name, or a merged folder")
+    p.add_argument("--base-url", help="a Tinker-protocol server to sample on (default: the local engine)")
+    p.add_argument("--renderer", help="the chat format (default: the run's renderer, else the model's recommended)")
+    p.add_argument("--system", help="a system message to start with")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7; 0 = greedy)")
+    p.add_argument("--max-tokens", type=_positive, default=512, help="longest reply in tokens (default 512)")
+    p.add_argument("--seed", type=int, help="seed for reproducible sampling")
+    p.add_argument("--chunk-tokens", type=_positive, default=8,
+                   help="tokens asked per request while streaming (default 8; smaller shows text sooner)")
+    p.set_defaults(handler=chat)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (errors print one line to stderr and return 1)."""
     args = build_parser().parse_args(argv)
     try:
         args.handler(RestClient(), args, Printer(args.format))  # the local store; no engine needed
-    except (errors.TinkerError, ConfigurationError, OSError, tarfile.TarError) as e:
+    except (errors.TinkerError, TinkerCookbookError, OSError, tarfile.TarError) as e:
         print(f"Error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

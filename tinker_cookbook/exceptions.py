@@ -40,6 +40,10 @@ class CheckpointError(TinkerCookbookError, RuntimeError):
     """A checkpoint cannot be saved, found, or resumed from."""
 
 
+class WeightsError(TinkerCookbookError, RuntimeError):
+    """Trained weights cannot be merged, converted, exported or published (see ``tinker_cookbook.weights``)."""
+
+
 class AllTrajectoriesFailedError(TrainingError):
     """Every rollout of an RL batch failed, so there is nothing to train on."""
 

@@ -543,3 +543,42 @@ def _not_found(name: str, reason: str) -> NotFoundError:
         f"Model {name!r} is not available on this machine: {reason}. "
         f"Loadable here: {loadable}. {_how_to_add()}"
     )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Base weights as files (for tools that export merged weights)
+
+
+def _hf_snapshot_dir(name: str) -> Path:
+    """The local Hugging Face snapshot of ``name`` (config, safetensors, tokenizer), downloading where allowed."""
+    from huggingface_hub import snapshot_download
+
+    local_only = _cached_config(name) is not None or not hub.hub_is_reachable()
+    try:
+        return Path(snapshot_download(name, cache_dir=hub.hf_cache_dir(), local_files_only=local_only,
+                                      allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]))
+    except Exception as error:  # noqa: BLE001 - hub errors have no common base; the message says what failed
+        raise NotFoundError(f"The files of model {name!r} could not be found in the Hugging Face "
+                            f"{'cache' if local_only else 'hub'}: {error}. {_how_to_add()}") from error
+
+
+def _saved_model_dir(name: str) -> Path:
+    """A model built in memory (tiny or custom), saved once as fp32 safetensors under the cache directory."""
+    slug = name.replace("/", "--")
+
+    def write(out: Path) -> None:
+        model = load_model(name, torch.float32)
+        model.save_pretrained(out)
+
+    return gguf_convert.build_atomically(assets.cache_dir() / "models" / slug, write)
+
+
+def base_model_dir(name: str) -> Path:
+    """A Hugging Face model folder (``config.json`` and safetensors) with the exact weights the engine loads for
+    ``name``; NotFoundError (listing the loadable models) for a model it cannot load."""
+    spec = get_model_spec(name)
+    if _custom(name) is None and spec.source == "hf":
+        return _hf_snapshot_dir(name)
+    if _custom(name) is None and spec.source == "gguf":
+        return ensure_converted_smollm2()
+    return _saved_model_dir(name)
