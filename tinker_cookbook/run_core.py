@@ -25,12 +25,14 @@ continues from it.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import chz
 
@@ -40,10 +42,13 @@ from tinker_cookbook.exceptions import CheckpointError, ConfigurationError, Data
 from tinker_cookbook.supervised.types import SupervisedDataset
 from tinker_cookbook.utils import ml_log
 from tinker_cookbook.utils.lr_scheduling import LR_SCHEDULES, LRSchedule, compute_schedule_lr_multiplier
+from tinker_cookbook.utils.progress import PROGRESS_MODES, ProgressMode, RunProgress, phase
 
 logger = logging.getLogger(__name__)
 
 Evaluator = TrainingClientEvaluator | SamplingClientEvaluator
+ConfigT = TypeVar("ConfigT")
+ResultT = TypeVar("ResultT")
 # The cookbook's AdamW settings besides the learning rate: the defaults of the loops that expose them, and what the
 # RL loop always uses.
 ADAM_BETA1, ADAM_BETA2, ADAM_EPS = 0.9, 0.95, 1e-8
@@ -99,6 +104,15 @@ class RunConfig:
     """Also log to this Weights & Biases project (None: no wandb)."""
     wandb_name: str | None = None
     """The wandb run name."""
+    wandb_entity: str | None = None
+    """The wandb entity (team or user) of the project (None: your default entity)."""
+    wandb_group: str | None = None
+    """Group this run with others in wandb (a sweep, a series of ablations)."""
+    wandb_tags: list[str] = chz.field(default_factory=list)
+    """Tags of the wandb run (``wandb_tags=a,b``)."""
+    progress: ProgressMode = "auto"
+    """The console display: ``bar`` (live bar: steps, ETA, phase, throughput), ``lines`` (one plain line per step),
+    ``table`` (each step's metrics as a table), ``off``; ``auto``: ``bar`` on a terminal, ``lines`` otherwise."""
     behavior_if_log_dir_exists: cli_utils.LogdirBehavior = "ask"
     """When log_path holds a run: resume it, delete it, raise, or ask (raise when stdin is not a terminal)."""
 
@@ -110,6 +124,7 @@ class RunConfig:
             (min(self.eval_every, self.save_every) >= 0, "eval_every and save_every must be >= 0 (0 disables)"),
             (self.ttl_seconds is None or self.ttl_seconds > 0,
              f"ttl_seconds={self.ttl_seconds} must be a positive number of seconds (or None: kept)"),
+            (self.progress in PROGRESS_MODES, f"progress={self.progress!r} must be one of {list(PROGRESS_MODES)}"),
             (self.behavior_if_log_dir_exists in cli_utils.LOGDIR_BEHAVIORS,
              (f"behavior_if_log_dir_exists={self.behavior_if_log_dir_exists!r} must be one of "
               f"{list(cli_utils.LOGDIR_BEHAVIORS)}")),
@@ -160,6 +175,18 @@ def adam_params(learning_rate: float, beta1: float = ADAM_BETA1, beta2: float = 
     """One optimizer step's AdamW settings (the RL loop uses the defaults; ``EpochRunConfig`` has them as fields)."""
     return tinker.AdamParams(learning_rate=learning_rate, beta1=beta1, beta2=beta2, eps=eps,
                              weight_decay=weight_decay, grad_clip_norm=grad_clip_norm)
+
+
+def run_sync(main: Callable[[ConfigT], Coroutine[Any, Any, ResultT]], config: ConfigT) -> ResultT:
+    """Run a loop's ``async main(config)`` to the end from synchronous code: ``asyncio.run`` in a plain script, a
+    worker thread where an event loop already runs in this thread (Jupyter, IPython), since ``asyncio.run`` cannot
+    nest. Each loop's ``run(config)`` is this."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main(config))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="run") as pool:
+        return pool.submit(asyncio.run, main(config)).result()
 
 
 def check_learning_rate(learning_rate: float) -> None:
@@ -326,6 +353,10 @@ class Run:
     service_client: tinker.ServiceClient
     training_client: tinker.TrainingClient
 
+    def phase(self, name: str) -> Any:
+        """``with run.phase("sampling"):`` shows the phase on the run's progress display while the block runs."""
+        return phase(name)
+
     def start_checkpoint_if_due(self, step: int) -> checkpoint_utils.PendingCheckpoint | None:
         """Queue the periodic checkpoint of the state after ``step`` steps when one is due (call it when everything
         queued so far ends with step ``step - 1``'s ``optim_step``); record it with ``finish_async``."""
@@ -353,7 +384,14 @@ async def open_run(config: RunConfig, plan: Plan, resume: checkpoint_utils.Resum
     and create the training client; None when the run already reached ``plan.end_step`` (nothing to do)."""
     if not resume.begin(plan.start_step, plan.end_step):
         return None
-    ml_logger = ml_log.setup_logging(config.log_path, config.wandb_project, config.wandb_name, config=config)
+    progress = RunProgress(config.progress, plan.start_step, plan.end_step, plan.total_steps,
+                           name=config.recipe_name or Path(config.log_path).name)
+    ml_logger = ml_log.setup_logging(
+        config.log_path, config.wandb_project, config.wandb_name, config=config, print_metrics=False,
+        wandb_entity=config.wandb_entity, wandb_group=config.wandb_group, wandb_tags=config.wandb_tags,
+        extra_sinks=[progress])
+    progress.open()
+    progress.set_phase("training")
     try:
         service_client = tinker.ServiceClient(base_url=config.base_url)
         training_client = await create_training_client(service_client, config, resume.row)
@@ -414,11 +452,14 @@ async def run_evaluators(evaluators: list[Evaluator], training_client: tinker.Tr
     """Run ``evaluators`` on the current weights (after every request queued so far); sampling evaluators get
     ``sampling_client``, or one snapshot of the training client's weights made for them."""
     metrics: dict[str, float] = {}
-    for evaluator in evaluators:
-        if isinstance(evaluator, SamplingClientEvaluator):
-            if sampling_client is None:
-                sampling_client = await training_client.save_weights_and_get_sampling_client_async()
-            metrics.update(await evaluator(sampling_client))
-        else:
-            metrics.update(await evaluator(training_client))
+    if not evaluators:
+        return metrics
+    with phase("evaluating"):
+        for evaluator in evaluators:
+            if isinstance(evaluator, SamplingClientEvaluator):
+                if sampling_client is None:
+                    sampling_client = await training_client.save_weights_and_get_sampling_client_async()
+                metrics.update(await evaluator(sampling_client))
+            else:
+                metrics.update(await evaluator(training_client))
     return metrics

@@ -344,12 +344,13 @@ async def _run_iteration(ctx: RunContext, i: int, sampling_client: tinker.Sampli
     _check_batch(builders, ctx.cfg, i)
     with timed("rollout_and_train", metrics):
         if ctx.cfg.stream_minibatch_config is not None:
-            rollout, train_metrics = await _stream_rollout_and_train(ctx, builders, i, sampling_client)
+            with ctx.run.phase("sampling+training"):
+                rollout, train_metrics = await _stream_rollout_and_train(ctx, builders, i, sampling_client)
         else:
-            with timed("rollout", metrics):
+            with timed("rollout", metrics), ctx.run.phase("sampling"):
                 rollout = await do_batch_rollouts(builders, ctx.policy(sampling_client, i),
                                                   ctx.cfg.rollout_error_tolerance)
-            with timed("train", metrics):
+            with timed("train", metrics), ctx.run.phase("training"):
                 train_metrics = await _sync_train_step(ctx, rollout)
     metrics.update(rollout.metrics)
     metrics.update(compute_trajectory_metrics(rollout.groups_P, [b.logging_tags() for b in rollout.builders_P]))
@@ -393,3 +394,8 @@ async def main(cfg: Config) -> None:
             for i in range(ctx.start_batch, ctx.end_batch):
                 sampling_client = await _run_iteration(ctx, i, sampling_client)
         await _finish(ctx, sampling_client)
+
+
+def run(cfg: Config) -> None:
+    """Train per ``cfg`` from synchronous code (a script, a notebook): ``main`` run to the end."""
+    run_core.run_sync(main, cfg)
