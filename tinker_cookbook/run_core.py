@@ -427,10 +427,15 @@ async def open_epoch_run(
 class Evaluators:
     """The evaluators of a run, each with how often it runs (in steps; 0: never)."""
 
+    log_path: str | None = None
+    """The run's directory, handed to each evaluator (``attach_to_run``) for the files it writes (Inspect logs)."""
     every: list[tuple[int, Evaluator]] = field(default_factory=list)
 
     def add(self, period: int, evaluators: Sequence[Evaluator]) -> None:
-        self.every.extend((period, evaluator) for evaluator in evaluators)
+        for evaluator in evaluators:
+            if self.log_path is not None:
+                evaluator.attach_to_run(self.log_path)
+            self.every.append((period, evaluator))
 
     def due(self, step: int, final: bool = False) -> list[Evaluator]:
         """Those due before ``step`` (``step % period == 0``), or all with a period when ``final``."""

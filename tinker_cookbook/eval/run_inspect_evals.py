@@ -17,7 +17,6 @@ one. Every option of ``InspectEvaluatorBuilder`` is a ``key=value`` argument (``
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import chz
@@ -76,7 +75,7 @@ async def run(config: Config) -> dict[str, float]:
     print(format_score_table(score_rows(logs)))
     for log in logs:
         print(f"log: {log.location}")
-    print(f"browse: inspect view --log-dir {Path(config.log_dir).expanduser()}")
+    print(f"browse: inspect view --log-dir {evaluator.log_dir}")
     return metrics
 
 

@@ -321,7 +321,7 @@ async def _finish_run(run: run_core.Run, evaluators: run_core.Evaluators, metric
 def _build_evaluators(
     config: Config, test_dataset: SupervisedDataset | None, reference: ReferenceLogprobs
 ) -> run_core.Evaluators:
-    evaluators = run_core.Evaluators()
+    evaluators = run_core.Evaluators(log_path=config.log_path)
     if test_dataset is not None:
         test_data = [datum for i in range(len(test_dataset)) for datum in test_dataset.get_batch(i)]
         evaluators.add(config.eval_every, [DPOEvaluator(test_data, reference, config.dpo_beta)])

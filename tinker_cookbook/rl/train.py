@@ -233,7 +233,7 @@ def _reference_client(cfg: Config, service_client: tinker.ServiceClient) -> tink
 
 def _context(cfg: Config, run: run_core.Run, dataset: RLDataset, test_dataset: RLDataset | None) -> RunContext:
     """The RL parts of an open run: evaluators (the given ones, then the test set's), reference policy, tokenizer."""
-    evaluators = run_core.Evaluators()
+    evaluators = run_core.Evaluators(log_path=cfg.log_path)
     evaluators.add(cfg.eval_every, [builder() for builder in cfg.evaluator_builders])
     if test_dataset is not None:
         evaluators.add(cfg.eval_every, [RLTestSetEvaluator(test_dataset, cfg.max_tokens, temperature=cfg.temperature)])

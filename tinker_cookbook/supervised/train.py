@@ -80,7 +80,7 @@ class Config(run_core.EpochRunConfig):
 
 
 def _build_evaluators(config: Config, test_dataset: SupervisedDataset | None) -> run_core.Evaluators:
-    evaluators = run_core.Evaluators()
+    evaluators = run_core.Evaluators(log_path=config.log_path)
     if test_dataset is not None:
         evaluators.add(config.eval_every, [NLLEvaluator.from_dataset(test_dataset, name="test")])
     evaluators.add(config.eval_every, [builder() for builder in config.evaluator_builders])
