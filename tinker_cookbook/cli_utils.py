@@ -54,6 +54,7 @@ from chz.blueprint import (
     MissingBlueprintArg,
     Reference,
 )
+from chz.data_model import MISSING
 
 from tinker_cookbook.exceptions import ConfigurationError
 
@@ -345,20 +346,23 @@ def recipe_help(
 ) -> str:
     """Every key: its type, its value with the arguments given so far (the default when none), its docstring."""
     problem = ""
+    config: Any = None
     try:
         config = blueprint.make()
     except Exception as exc:  # noqa: BLE001 - a bad value given with --help: say so, list the defaults
-        problem = f"Error with the arguments given: {_one_line(exc)}"
+        if not isinstance(exc, MissingBlueprintArg):
+            problem = f"Error with the arguments given: {_one_line(exc)}"
         try:
             config = defaults_only.make()
-        except Exception:  # noqa: BLE001 - required keys without defaults: chz's own listing says which
-            return blueprint.get_help()
+        except Exception:  # noqa: BLE001 - required keys without defaults: listed from the class itself
+            config = None
+    target: Any = type(config) if config is not None else blueprint.target
     rows = [_HelpRow(k.name, "str", repr(given.get(k.name, k.default)), k.doc) for k in recipe_keys]
     follows = _references(defaults_only)
-    rows += _config_rows(config, "", follows)
-    short = _short_keys([r.key for r in rows], set(chz.chz_fields(type(config))))
+    rows += _config_rows(config, "", follows) if config is not None else _class_rows(target)
+    short = _short_keys([r.key for r in rows], set(chz.chz_fields(target)))
     out = [f"Usage: {command} [key=value ...]", ""]
-    summary = summary or (inspect.getdoc(type(config)) or "").split("\n\n")[0]
+    summary = summary or (inspect.getdoc(target) or "").split("\n\n")[0]
     if summary:
         out += [summary, ""]
     if short:
@@ -405,6 +409,21 @@ def _config_rows(config: Any, prefix: str, follows: Mapping[str, str]) -> list[_
         rows.append(_HelpRow(path, _type_repr(field.final_type), shown, " ".join(doc.split())))
         if chz.is_chz(value):
             rows += _config_rows(value, path + ".", follows)
+    return rows
+
+
+def _class_rows(cls: type) -> list[_HelpRow]:
+    """The rows of a config class that cannot be made without arguments: class defaults, required keys marked."""
+    docs = _attribute_docs(cls)
+    rows = []
+    for name, field in chz.chz_fields(cls).items():
+        # chz keeps a field's default (or factory) in private attributes, MISSING when there is none.
+        default: Any = field._default
+        factory: Any = field._default_factory
+        if default is MISSING and factory is not MISSING:
+            default = factory()
+        shown = "(required)" if default is MISSING else _value_repr(default)
+        rows.append(_HelpRow(name, _type_repr(field.final_type), shown, " ".join(docs.get(name, "").split())))
     return rows
 
 

@@ -52,26 +52,35 @@ class InspectEvaluatorBuilder:
     temperature: float | None = None
     """None for this and the other generation settings: the task's own setting, else the API default."""
     max_tokens: int | None = None
+    """Most tokens per reply (None: the task's setting)."""
     top_p: float | None = None
+    """Nucleus sampling threshold (None: the task's setting)."""
     top_k: int | None = None
+    """Sample among the k likeliest tokens (None: the task's setting)."""
     seed: int | None = None
+    """Sampling seed, for reproducible samples (None: the task's setting)."""
     num_choices: int | None = None
+    """Replies per sample (None: the task's setting)."""
     task_args: dict[str, str] | None = None
     """Arguments of the task functions (``inspect eval -T``), e.g. ``task_args.grader_model=...``."""
     limit: int | None = None
     """Samples per task (None: all)."""
     epochs: int | None = None
+    """Times each sample is run (None: the task's setting)."""
     log_dir: str | None = None
     """Where Inspect writes its logs; None: ``<log_path>/inspect`` inside a training run, else ``~/inspect-logs``."""
     max_connections: int | None = None
     """Concurrent generate calls (batched by the sampler); None: the provider's default."""
     include_reasoning: bool = False
+    """Keep the model's thinking (``<think>...</think>``) in the replies Inspect scores."""
     verbose: bool = False
+    """Log every prompt and reply of the sampler."""
     log_level: str = "warning"
     """Inspect's console log level."""
     debug_errors: bool = False
     """Raise a sample's exception at once instead of recording it in Inspect's log (the eval fails either way)."""
     metric_prefix: str = DEFAULT_METRIC_PREFIX
+    """Metrics are named ``<metric_prefix>/<task>/<scorer>/<metric>``."""
     metadata: dict[str, str] | None = None
     """Stored in each Inspect log."""
 
