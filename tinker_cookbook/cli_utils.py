@@ -271,10 +271,11 @@ def _arg_key(arg: str) -> str:
 
 
 def _spell_nested_keys(target: Any, args: list[str]) -> list[str]:
-    """``key=value`` for a key that is not a top-level field becomes the wildcard ``...key=value``."""
+    """``key=value`` for a key that does not start with a top-level field becomes the wildcard ``...key=value``
+    (``batch_size=4``, ``columns.prompt=question``: the nested field of that name, wherever it is)."""
     top = set(chz.chz_fields(target))
-    return [f"...{arg}" if "=" in arg and _arg_key(arg) and "." not in _arg_key(arg) and _arg_key(arg) not in top
-            else arg for arg in args]
+    return [f"...{arg}" if "=" in arg and _arg_key(arg) and _arg_key(arg).split(".")[0] not in top
+            and not _arg_key(arg).startswith(".") else arg for arg in args]
 
 
 def _fail_if_user_error(exc: BaseException) -> None:
@@ -294,7 +295,7 @@ def _fail(exc: BaseException) -> NoReturn:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = re.sub(r"'\.\.\.(\w+)'", r"'\1'", str(exc))  # say a key as the user wrote it, not as its wildcard
+    text = re.sub(r"'\.\.\.([\w.]+)'", r"'\1'", str(exc))  # say a key as the user wrote it, not as its wildcard
     if not isinstance(exc, CHZ_ARGUMENT_ERRORS):
         return text.strip()
     # chz explains over several lines; say it in one, in the recipe's terms.

@@ -433,8 +433,9 @@ class Evaluators:
 
     def add(self, period: int, evaluators: Sequence[Evaluator]) -> None:
         for evaluator in evaluators:
-            if self.log_path is not None:
-                evaluator.attach_to_run(self.log_path)
+            attach = getattr(evaluator, "attach_to_run", None)  # evaluators not built on the base classes lack it
+            if self.log_path is not None and attach is not None:
+                attach(self.log_path)
             self.every.append((period, evaluator))
 
     def due(self, step: int, final: bool = False) -> list[Evaluator]:
