@@ -29,6 +29,7 @@ import asyncio
 import concurrent.futures
 import logging
 import math
+import shutil
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -384,6 +385,8 @@ async def open_run(config: RunConfig, plan: Plan, resume: checkpoint_utils.Resum
     and create the training client; None when the run already reached ``plan.end_step`` (nothing to do)."""
     if not resume.begin(plan.start_step, plan.end_step):
         return None
+    log_dir = Path(config.log_path)
+    held_a_run = log_dir.is_dir() and any(log_dir.iterdir())
     progress = RunProgress(config.progress, plan.start_step, plan.end_step, plan.total_steps,
                            name=config.recipe_name or Path(config.log_path).name)
     ml_logger = ml_log.setup_logging(
@@ -397,6 +400,10 @@ async def open_run(config: RunConfig, plan: Plan, resume: checkpoint_utils.Resum
         training_client = await create_training_client(service_client, config, resume.row)
     except BaseException:
         ml_logger.close()
+        if not held_a_run:
+            # Nothing was trained: leave no stub run (config.json, logs.log) that the next attempt would have to
+            # resume or delete.
+            shutil.rmtree(log_dir, ignore_errors=True)
         raise
     return Run(config, plan, ml_logger, service_client, training_client)
 
