@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import chz
 
-from tinker_cookbook import checkpoint_utils, run_core, tinker
+from tinker_cookbook import checkpoint_utils, cli_utils, run_core, tinker
 from tinker_cookbook.completers import TinkerTokenCompleter
 from tinker_cookbook.exceptions import AllTrajectoriesFailedError, ConfigurationError
 from tinker_cookbook.rl.metric_util import RLTestSetEvaluator, compute_trajectory_metrics
@@ -399,3 +399,7 @@ async def main(cfg: Config) -> None:
 def run(cfg: Config) -> None:
     """Train per ``cfg`` from synchronous code (a script, a notebook): ``main`` run to the end."""
     run_core.run_sync(main, cfg)
+
+
+if __name__ == "__main__":
+    cli_utils.run_recipe(run)

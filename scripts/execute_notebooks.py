@@ -1,0 +1,39 @@
+"""Execute the notebooks in a Jupyter kernel and save them with their outputs (what a code host renders).
+
+    .venv/bin/python scripts/execute_notebooks.py                      # every notebook, embedded model
+    .venv/bin/python scripts/execute_notebooks.py notebooks/03_supervised_learning.ipynb
+
+Run from the repository root; the kernel works there too, so ``recipes`` and ``example-data`` resolve. The
+notebooks use ``HuggingFaceTB/SmolLM2-135M-Instruct`` unless ``NOTEBOOK_MODEL`` names another model.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import nbclient
+import nbformat
+
+REPO = Path(__file__).resolve().parent.parent
+CELL_TIMEOUT_S = 1800
+
+
+def execute(path: Path) -> None:
+    notebook = nbformat.read(path, as_version=4)
+    start = time.monotonic()
+    nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+                            resources={"metadata": {"path": str(REPO)}}).execute()
+    nbformat.write(notebook, path)
+    print(f"{path}: executed in {time.monotonic() - start:.0f} s", flush=True)
+
+
+def main(argv: list[str]) -> None:
+    paths = [Path(a) for a in argv] or sorted((REPO / "notebooks").glob("*.ipynb"))
+    for path in paths:
+        execute(path)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
