@@ -100,7 +100,7 @@ class RunConfig:
 
     base_url: str | None = None
     """The service to train on: None, the in-process engine; an http(s) URL, a Tinker-protocol server (such as
-    `tinker-cookbook serve`) through the official SDK (`pip install tinker_cookbook[remote]`; key: $TINKER_API_KEY)."""
+    `tinker-cookbook serve`) through the official SDK (`pip install 'tinker==0.38.0'`, the remote extra; key: $TINKER_API_KEY)."""
     wandb_project: str | None = None
     """Also log to this Weights & Biases project (None: no wandb)."""
     wandb_name: str | None = None

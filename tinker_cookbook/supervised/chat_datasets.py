@@ -19,6 +19,7 @@ from typing import Any
 import chz
 import numpy as np
 
+from tinker_cookbook.base.example_data import example_data_path
 from tinker_cookbook.base.hub import hub_offline
 from tinker_cookbook.exceptions import ConfigurationError, DataError, DataFormatError
 from tinker_cookbook.supervised.data import (
@@ -48,8 +49,8 @@ EXAMPLE_TEST_SIZE = 48
 
 
 def example_conversations_path() -> Path:
-    """``example-data/conversations.jsonl`` at the repository root."""
-    return Path(__file__).resolve().parents[2] / "example-data" / "conversations.jsonl"
+    """``example-data/conversations.jsonl`` (of the checkout, or of the installed wheel)."""
+    return example_data_path("conversations.jsonl")
 
 
 OFFLINE_CHAT_ALTERNATIVE = (f"Use dataset={EXAMPLE_DATA_NAME} (the project's example data) or a local .jsonl file "

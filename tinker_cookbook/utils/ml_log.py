@@ -192,7 +192,7 @@ class WandbLogger(Logger):
             import wandb
         except ImportError as exc:
             raise ConfigurationError(
-                f"wandb_project={project!r} needs the wandb package: pip install 'tinker-cookbook-local[wandb]' "
+                f"wandb_project={project!r} needs the wandb package: pip install 'wandb==0.31.0' "
                 "(or leave wandb_project unset)"
             ) from exc
         self._wandb = wandb
