@@ -334,6 +334,8 @@ class _HelpRow:
     type: str
     default: str
     doc: str
+    entry_of: str | None = None
+    """For an entry of a mapping field (``columns.prompt``): the field's key."""
 
 
 def recipe_help(
@@ -361,7 +363,9 @@ def recipe_help(
     rows = [_HelpRow(k.name, "str", repr(given.get(k.name, k.default)), k.doc) for k in recipe_keys]
     follows = _references(defaults_only)
     rows += _config_rows(config, "", follows) if config is not None else _class_rows(target)
-    short = _short_keys([r.key for r in rows], set(chz.chz_fields(target)))
+    short = _short_keys([r.key for r in rows if r.entry_of is None], set(chz.chz_fields(target)))
+    short.update({r.key: short[r.entry_of] + r.key[len(r.entry_of):] for r in rows
+                  if r.entry_of is not None and r.entry_of in short})
     out = [f"Usage: {command} [key=value ...]", ""]
     summary = summary or (inspect.getdoc(target) or "").split("\n\n")[0]
     if summary:
@@ -408,6 +412,9 @@ def _config_rows(config: Any, prefix: str, follows: Mapping[str, str]) -> list[_
             doc = f"(follows {follows[path]}) {doc}".strip()
         shown = type(value).__name__ if chz.is_chz(value) else _value_repr(value)
         rows.append(_HelpRow(path, _type_repr(field.final_type), shown, " ".join(doc.split())))
+        if isinstance(value, dict):  # each entry given so far is a key of its own (``columns.prompt=...``)
+            rows += [_HelpRow(f"{path}.{k}", type(v).__name__, _value_repr(v), "", entry_of=path)
+                     for k, v in value.items()]
         if chz.is_chz(value):
             rows += _config_rows(value, path + ".", follows)
     return rows

@@ -5,7 +5,7 @@
     python -m recipes.chat_sl.train dataset=no_robots            # HuggingFaceH4/no_robots (hub or its cache)
     python -m recipes.chat_sl.train dataset=tulu3                # allenai/tulu-3-sft-mixture (hub or its cache)
     python -m recipes.chat_sl.train dataset=my_conversations.jsonl   # your own rows: messages, ShareGPT, Alpaca, ...
-    python -m recipes.chat_sl.train dataset=qa.csv columns.prompt=question columns.completion=answer
+    python -m recipes.chat_sl.train dataset=example-data/contact_cards.csv columns.prompt=description columns.completion=card
     python -m recipes.chat_sl.train dataset=org/big-sft-set dataset_builder.streaming=true dataset_builder.max_rows=20000
     python -m recipes.chat_sl.train model_name=meta-llama/Llama-3.1-8B dataset=no_robots batch_size=256 \\
         learning_rate=1e-4 max_length=16384 eval_every=20 save_every=20   # the official cookbook's run
