@@ -336,3 +336,7 @@ def test_progress_shows_each_iteration_and_its_phases(tmp_path, capsys, monkeypa
     # Sampling and training each iteration, the evaluations (eval_every=2: before step 0, and the final one),
     # the checkpoints (save_every=2: the final one).
     assert {"sampling", "training", "evaluating", "saving"} <= set(phases)
+    # The test-set evaluations are traced like the training rollouts: one transcript per evaluation, by step.
+    transcripts = sorted(p.name for p in (tmp_path / "progress" / "evals").glob("*.html"))
+    assert transcripts == ["test_step000000.html", "test_step000002.html"]
+    assert "Rollout 0" in (tmp_path / "progress" / "evals" / "test_step000000.html").read_text()

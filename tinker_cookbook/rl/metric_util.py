@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 
 from tinker_cookbook import tinker
 from tinker_cookbook.completers import TinkerTokenCompleter
@@ -81,17 +82,41 @@ def compute_trajectory_metrics(
 class RLTestSetEvaluator(SamplingClientEvaluator):
     """Rolls out every batch of a test ``RLDataset`` with a sampling client; metrics are ``<name>/env/all/...``.
 
-    A ``SamplingClientEvaluator``: ``await evaluator(sampling_client) -> dict[str, float]``.
+    A ``SamplingClientEvaluator``: ``await evaluator(sampling_client) -> dict[str, float]``. Attached to a training
+    run (the loops do it), it also writes the first ``num_groups_to_log`` groups of each evaluation as an HTML
+    transcript, like the training rollouts': ``<log_path>/evals/<name>_step<NNNNNN>.html`` (the step the evaluation
+    sees the weights of).
     """
 
-    def __init__(self, dataset: RLDataset, max_tokens: int, name: str = "test", temperature: float = 1.0) -> None:
+    def __init__(self, dataset: RLDataset, max_tokens: int, name: str = "test", temperature: float = 1.0,
+                 num_groups_to_log: int = 4) -> None:
         self.builders: list[EnvGroupBuilder] = [b for i in range(len(dataset)) for b in dataset.get_batch(i)]
         self.max_tokens = max_tokens
         self.name = name
         self.temperature = temperature
+        self.num_groups_to_log = num_groups_to_log
+        self.log_path: str | None = None
+        self._calls = 0
+
+    def attach_to_run(self, log_path: str) -> None:
+        self.log_path = log_path
 
     async def __call__(self, sampling_client: tinker.SamplingClient) -> dict[str, float]:
         policy = TinkerTokenCompleter(sampling_client, self.max_tokens, temperature=self.temperature)
         rollout = await do_batch_rollouts(self.builders, policy)
         metrics = compute_trajectory_metrics(rollout.groups_P, [b.logging_tags() for b in rollout.builders_P])
+        if self.log_path is not None:
+            self._write_transcript(rollout.groups_P, rollout.builders_P, sampling_client)
+        self._calls += 1
         return {f"{self.name}/{k}": v for k, v in metrics.items()}
+
+    def _write_transcript(self, groups_P: Sequence[TrajectoryGroup], builders_P: Sequence[EnvGroupBuilder],
+                          sampling_client: tinker.SamplingClient) -> None:
+        from tinker_cookbook.rl.train_step import write_transcript
+        from tinker_cookbook.utils import progress
+
+        run = progress.current()
+        step = run.steps_done if run is not None else self._calls  # outside a loop: the evaluation's number
+        path = Path(self.log_path or ".") / "evals" / f"{self.name}_step{step:06d}.html"
+        write_transcript(path, f"{self.name} evaluation at step {step}", groups_P, builders_P,
+                         sampling_client.get_tokenizer(), self.num_groups_to_log)
