@@ -9,6 +9,7 @@ notebooks use ``HuggingFaceTB/SmolLM2-135M-Instruct`` unless ``NOTEBOOK_MODEL`` 
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -20,11 +21,41 @@ REPO = Path(__file__).resolve().parent.parent
 CELL_TIMEOUT_S = 1800
 
 
+WARNING_LINE = re.compile(r"\w+Warning: ")
+
+
+def without_warnings(text: str) -> str:
+    """``text`` without Python warnings (a ``...Warning: ...`` line and the indented source line after it): they
+    name files of the machine that ran the notebook and say nothing to a reader."""
+    kept, in_warning = [], False
+    for line in text.splitlines(keepends=True):
+        if WARNING_LINE.search(line):
+            in_warning = True
+            continue
+        if in_warning and line.startswith(" "):
+            continue
+        in_warning = False
+        kept.append(line)
+    return "".join(kept)
+
+
+def clean(notebook: nbformat.NotebookNode) -> None:
+    """Drop the warnings from the cells' stderr outputs (and outputs left empty by that)."""
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        for output in cell.outputs:
+            if output.output_type == "stream" and output.name == "stderr":
+                output.text = without_warnings(output.text)
+        cell.outputs = [o for o in cell.outputs if not (o.output_type == "stream" and not o.text.strip())]
+
+
 def execute(path: Path) -> None:
     notebook = nbformat.read(path, as_version=4)
     start = time.monotonic()
     nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(REPO)}}).execute()
+    clean(notebook)
     nbformat.write(notebook, path)
     print(f"{path}: executed in {time.monotonic() - start:.0f} s", flush=True)
 
