@@ -40,13 +40,18 @@ def without_warnings(text: str) -> str:
 
 
 def clean(notebook: nbformat.NotebookNode) -> None:
-    """Drop the warnings from the cells' stderr outputs (and outputs left empty by that)."""
+    """Drop the warnings from the cells' stderr outputs (and outputs left empty by that), and write paths inside the
+    checkout relative to it (``example-data/...``), as a reader's own checkout has them."""
+    prefix = f"{REPO}/"
     for cell in notebook.cells:
         if cell.cell_type != "code":
             continue
         for output in cell.outputs:
-            if output.output_type == "stream" and output.name == "stderr":
-                output.text = without_warnings(output.text)
+            if output.output_type == "stream":
+                text = without_warnings(output.text) if output.name == "stderr" else output.text
+                output.text = text.replace(prefix, "")
+            elif "text/plain" in output.get("data", {}):
+                output.data["text/plain"] = output.data["text/plain"].replace(prefix, "")
         cell.outputs = [o for o in cell.outputs if not (o.output_type == "stream" and not o.text.strip())]
 
 
