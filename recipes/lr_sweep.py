@@ -18,7 +18,8 @@ terminals as the docs do, and run ``collect_only=true`` afterwards.
 (last ``progress`` >= 0.98) gives one row: ``learning_rate`` (from the run's ``config.json``), ``final_loss`` (the
 last ``train_mean_nll``) and ``final_test_nll`` (the finished run's held-out loss). The rows are printed, written to
 ``<sweep_dir>/results.csv``, and plotted as the docs' "Final Loss vs Learning Rate" to
-``<sweep_dir>/final_loss_vs_lr.png``; the best rate is printed last.
+``<sweep_dir>/final_loss_vs_lr.png``; the runs' training curves are overlaid (``plot_metrics``, smoothed) in
+``<sweep_dir>/train_mean_nll.png`` and ``.html``; the best rate is printed last.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import chz
 
 from tinker_cookbook.cli_utils import Forward, run_recipe
 from tinker_cookbook.exceptions import ConfigurationError
+from tinker_cookbook.utils import plot_metrics
 
 DOCS_LEARNING_RATES = [1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3]
 FINISHED_PROGRESS = 0.98  # the docs' test that a run is complete
@@ -104,6 +106,10 @@ def write_report(rows: list[dict[str, Any]], sweep_dir: str | Path) -> Path:
     plot_path = Path(sweep_dir) / "final_loss_vs_lr.png"
     fig.savefig(plot_path)
     plt.close(fig)
+    curves = plot_metrics.plot(plot_metrics.Config(
+        paths=[str(Path(sweep_dir) / row["run"]) for row in rows], keys=["train_mean_nll"], smoothing=0.6,
+        output=str(Path(sweep_dir) / "train_mean_nll.png"), title="Training loss per learning rate"))
+    print(f"Training curves: {curves.png} and {curves.html}")
     optimal_lr = df["learning_rate"][df["final_loss"].idxmin()]
     print(f"The optimal LR is {optimal_lr:.2e}")
     return plot_path

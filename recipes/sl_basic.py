@@ -33,8 +33,9 @@ DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DATASET = RecipeKey(
     "dataset", "example",
     "Picks dataset_builder and its settings: 'example' (the project's data, 48 conversations held out), a path to "
-    "a .jsonl file of {\"messages\": [...]} rows, 'HuggingFaceH4/no_robots' or 'tulu3' (these two need the hub "
-    "or its cache).",
+    "a .jsonl, .json, .csv or .parquet file, or any hub dataset id 'org/name' (needs the hub or its cache; "
+    "'no_robots' and 'tulu3' are short names). Rows may be messages, ShareGPT, Alpaca or prompt/completion "
+    "(detected); columns.prompt=question reads other column names (docs/data-formats.md).",
 )
 
 

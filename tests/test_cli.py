@@ -65,6 +65,13 @@ def test_checkpoint_list_table_and_json(
     assert data["cursor"]["total_count"] == 2
     _, out, _ = _run(capsys, "--format", "json", "checkpoint", "list", "--limit", "0")
     assert len(json.loads(out)["checkpoints"]) == 2
+    # -f / --format is also accepted after the subcommand, and a later one wins over an earlier one.
+    for argv in (["checkpoint", "list", "-f", "json"], ["checkpoint", "list", "--format", "json"],
+                 ["-f", "table", "checkpoint", "list", "--format=json"]):
+        code, out, _ = _run(capsys, *argv)
+        assert code == 0 and len(json.loads(out)["checkpoints"]) == 2
+    code, out, _ = _run(capsys, "-f", "json", "run", "list")
+    assert code == 0 and json.loads(out)["training_runs"]
 
 
 def test_checkpoint_info(store: CheckpointStore, run_id: str, capsys: pytest.CaptureFixture[str]) -> None:

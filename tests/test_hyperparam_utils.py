@@ -64,7 +64,8 @@ def test_lora_param_count_from_a_config_equals_what_peft_creates():
 
 def test_unknown_model_and_bad_rank_are_clear_errors(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(ConfigurationError, match="model_name='nobody/nothing'"):
+    with pytest.raises(ConfigurationError, match="model_name='nobody/nothing'") as info:
         hp.get_lr("nobody/nothing")
+    assert "Qwen/Qwen3-8B" in str(info.value) and "A3B" not in str(info.value)  # the engine refuses MoE models
     with pytest.raises(ConfigurationError, match="lora_rank=0"):
         hp.get_lora_param_count("Qwen/Qwen3-8B", lora_rank=0)

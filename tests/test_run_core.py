@@ -329,3 +329,22 @@ def test_run_evaluators_snapshots_the_weights_once_for_the_sampling_evaluators()
     assert metrics == {"t0": 0.0, "s1": 101.0, "s2": 101.0, "t3": 1.0}  # one snapshot, made when first needed
     given = asyncio.run(run_core.run_evaluators([_SamplingEval("s")], client, 7))  # type: ignore[arg-type]
     assert given == {"s": 7.0} and client.snapshots == 1  # a given sampler is used as it is
+
+
+def test_a_run_that_fails_at_start_leaves_no_stub_directory(tmp_path, monkeypatch):
+    async def unavailable_model(*args: Any, **kwargs: Any) -> Any:
+        raise ConfigurationError("Model 'm' is not available on this machine")
+
+    monkeypatch.setattr(run_core, "create_training_client", unavailable_model)
+    config = _run_config(tmp_path / "fresh", progress="off")
+    resume = run_core.resume_point(config)
+    with pytest.raises(ConfigurationError, match="not available"):
+        asyncio.run(run_core.open_run(config, run_core.make_plan(4, 1, None, None), resume))
+    assert not (tmp_path / "fresh").exists()  # the next attempt starts fresh, nothing to resume or delete
+    # A directory that already held a run is never removed by a failed start.
+    kept = _run_config(tmp_path / "kept", progress="off")
+    _interrupted_run(tmp_path / "kept", kept, metric_steps=2, checkpoint_steps=[])
+    resume = run_core.resume_point(kept)
+    with pytest.raises(ConfigurationError):
+        asyncio.run(run_core.open_run(kept, run_core.make_plan(4, 1, None, resume.row), resume))
+    assert (tmp_path / "kept" / "metrics.jsonl").exists()

@@ -3,7 +3,7 @@
 The contract (``tinker_cookbook.tinker``) never imports the engine; it imports this module by name on first use,
 and this module registers the factories below. ``base_url`` None, "" or "local" selects the in-process engine (one
 per process, shared by every client); any other value is a Tinker-protocol server, reached through the official
-``tinker`` SDK (``pip install tinker_cookbook[remote]``).
+``tinker`` SDK (``pip install 'tinker==0.38.0'``).
 
 It also says where the in-process engine's base models live as files (``base_model_dir``), which the weights tools
 merge adapters into. This is the only module besides the engine itself that imports ``tinker_cookbook.engine``; the imports are

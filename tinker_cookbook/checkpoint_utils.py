@@ -130,7 +130,10 @@ class PendingCheckpoint:
 
     async def finish_async(self) -> dict[str, Any]:
         """Wait for the saves, then append the row; returns the row."""
-        return self._record({key: (await fut.result_async()).path for key, fut in self.futures.items()})
+        from tinker_cookbook.utils.progress import phase
+
+        with phase("saving"):
+            return self._record({key: (await fut.result_async()).path for key, fut in self.futures.items()})
 
     def finish(self) -> dict[str, Any]:
         """Blocking form of ``finish_async``."""

@@ -6,6 +6,7 @@ The store lives in ``$TINKER_COOKBOOK_HOME`` (default ``~/.tinker_cookbook``). E
     tinker-cookbook checkpoint info tinker://run-20261129-113201-ab12cd/sampler_weights/final
     tinker-cookbook checkpoint download tinker://run-20261129-113201-ab12cd/sampler_weights/final -o adapters
     tinker-cookbook --format json run list --limit 0
+    tinker-cookbook run list -f json          # -f / --format before or after the subcommand
     tinker-cookbook serve --port 8000
     tinker-cookbook serve --host 0.0.0.0 --generate-api-key --model HuggingFaceTB/SmolLM2-135M-Instruct
 """
@@ -394,6 +395,9 @@ def _non_negative(text: str) -> int:
     return value
 
 
+FORMATS = ("table", "json")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tinker-cookbook",
@@ -402,29 +406,33 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n" + __doc__.split("::\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--format", choices=("table", "json"), default="table", help="output format")
+    parser.add_argument("-f", "--format", choices=FORMATS, default="table", help="output format (also accepted "
+                        "after the subcommand)")
     parser.add_argument("--version", action="version", version=f"tinker-cookbook {__version__}")
+    # The same option on every subcommand; SUPPRESS keeps a value given before the subcommand when none is after.
+    fmt = argparse.ArgumentParser(add_help=False)
+    fmt.add_argument("-f", "--format", choices=FORMATS, default=argparse.SUPPRESS, help="output format")
     groups = parser.add_subparsers(dest="group", required=True, metavar="{checkpoint,run,weights,chat,serve}")
 
     ckpt = groups.add_parser("checkpoint", help="list, inspect, download, delete and publish checkpoints")
     ckpt_cmds = ckpt.add_subparsers(dest="command", required=True)
-    p = ckpt_cmds.add_parser("list", help="checkpoints, newest first")
+    p = ckpt_cmds.add_parser("list", parents=[fmt], help="checkpoints, newest first")
     p.add_argument("--run-id", help="only this training run's checkpoints")
     p.add_argument("--limit", type=_non_negative, default=20, help="how many to show (0 = all)")
     p.set_defaults(handler=checkpoint_list)
-    p = ckpt_cmds.add_parser("info", help="properties of one checkpoint")
+    p = ckpt_cmds.add_parser("info", parents=[fmt], help="properties of one checkpoint")
     p.add_argument("path", help="tinker://<run_id>/(weights|sampler_weights)/<name>")
     p.set_defaults(handler=checkpoint_info)
-    _add_download(ckpt_cmds)
-    p = ckpt_cmds.add_parser("delete", help="delete checkpoints")
+    _add_download(ckpt_cmds, fmt)
+    p = ckpt_cmds.add_parser("delete", parents=[fmt], help="delete checkpoints")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     p.set_defaults(handler=checkpoint_delete)
     for command, public in (("publish", True), ("unpublish", False)):
-        p = ckpt_cmds.add_parser(command, help=f"mark a checkpoint {'public' if public else 'private'}")
+        p = ckpt_cmds.add_parser(command, parents=[fmt], help=f"mark a checkpoint {'public' if public else 'private'}")
         p.add_argument("path")
         p.set_defaults(handler=_set_public(public))
-    p = ckpt_cmds.add_parser("set-ttl", help="expire a checkpoint after some seconds, or never")
+    p = ckpt_cmds.add_parser("set-ttl", parents=[fmt], help="expire a checkpoint after some seconds, or never")
     p.add_argument("path")
     p.add_argument("--ttl", type=int, help="seconds from now")
     p.add_argument("--remove", action="store_true", help="keep the checkpoint until deleted")
@@ -432,14 +440,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = groups.add_parser("run", help="list and inspect training runs")
     run_cmds = run.add_subparsers(dest="command", required=True)
-    p = run_cmds.add_parser("list", help="training runs, newest first")
+    p = run_cmds.add_parser("list", parents=[fmt], help="training runs, newest first")
     p.add_argument("--limit", type=_non_negative, default=20, help="how many to show (0 = all)")
     p.set_defaults(handler=run_list)
-    p = run_cmds.add_parser("info", help="properties of one training run")
+    p = run_cmds.add_parser("info", parents=[fmt], help="properties of one training run")
     p.add_argument("run_id")
     p.set_defaults(handler=run_info)
 
-    _add_weights(groups)
+    _add_weights(groups, fmt)
     _add_chat(groups)
 
     p = groups.add_parser(
@@ -469,8 +477,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_download(commands: Any) -> None:
-    p = commands.add_parser("download", help="extract a checkpoint into <run>_<type>_<name>/ (a sampler checkpoint "
+def _add_download(commands: Any, fmt: argparse.ArgumentParser) -> None:
+    p = commands.add_parser("download", parents=[fmt], help="extract a checkpoint into <run>_<type>_<name>/ (a sampler checkpoint "
                             "is a PEFT adapter folder)")
     p.add_argument("path", help="tinker://<run_id>/(weights|sampler_weights)/<name>")
     p.add_argument("-o", "--output", default=".", help="directory to extract into (default: current)")
@@ -489,13 +497,13 @@ def _add_export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
 
 
-def _add_weights(groups: Any) -> None:
+def _add_weights(groups: Any, fmt: argparse.ArgumentParser) -> None:
     from tinker_cookbook.weights import DTYPE_NAMES, QUANT_NAMES
 
     weights = groups.add_parser("weights", help="merge, convert, export and publish trained weights",
                                 description="Trained weights out of the store; see docs/weights.md.")
     cmds = weights.add_subparsers(dest="command", required=True)
-    _add_download(cmds)
+    _add_download(cmds, fmt)
     p = cmds.add_parser("merge", help="the base model with the adapter merged in: a Hugging Face model folder")
     _add_export_args(p)
     p.add_argument("--dtype", choices=DTYPE_NAMES, default="auto",

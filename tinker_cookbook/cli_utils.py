@@ -54,6 +54,7 @@ from chz.blueprint import (
     MissingBlueprintArg,
     Reference,
 )
+from chz.data_model import MISSING
 
 from tinker_cookbook.exceptions import ConfigurationError
 
@@ -270,10 +271,11 @@ def _arg_key(arg: str) -> str:
 
 
 def _spell_nested_keys(target: Any, args: list[str]) -> list[str]:
-    """``key=value`` for a key that is not a top-level field becomes the wildcard ``...key=value``."""
+    """``key=value`` for a key that does not start with a top-level field becomes the wildcard ``...key=value``
+    (``batch_size=4``, ``columns.prompt=question``: the nested field of that name, wherever it is)."""
     top = set(chz.chz_fields(target))
-    return [f"...{arg}" if "=" in arg and _arg_key(arg) and "." not in _arg_key(arg) and _arg_key(arg) not in top
-            else arg for arg in args]
+    return [f"...{arg}" if "=" in arg and _arg_key(arg) and _arg_key(arg).split(".")[0] not in top
+            and not _arg_key(arg).startswith(".") else arg for arg in args]
 
 
 def _fail_if_user_error(exc: BaseException) -> None:
@@ -293,7 +295,7 @@ def _fail(exc: BaseException) -> NoReturn:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = re.sub(r"'\.\.\.(\w+)'", r"'\1'", str(exc))  # say a key as the user wrote it, not as its wildcard
+    text = re.sub(r"'\.\.\.([\w.]+)'", r"'\1'", str(exc))  # say a key as the user wrote it, not as its wildcard
     if not isinstance(exc, CHZ_ARGUMENT_ERRORS):
         return text.strip()
     # chz explains over several lines; say it in one, in the recipe's terms.
@@ -332,6 +334,8 @@ class _HelpRow:
     type: str
     default: str
     doc: str
+    entry_of: str | None = None
+    """For an entry of a mapping field (``columns.prompt``): the field's key."""
 
 
 def recipe_help(
@@ -345,20 +349,25 @@ def recipe_help(
 ) -> str:
     """Every key: its type, its value with the arguments given so far (the default when none), its docstring."""
     problem = ""
+    config: Any = None
     try:
         config = blueprint.make()
     except Exception as exc:  # noqa: BLE001 - a bad value given with --help: say so, list the defaults
-        problem = f"Error with the arguments given: {_one_line(exc)}"
+        if not isinstance(exc, MissingBlueprintArg):
+            problem = f"Error with the arguments given: {_one_line(exc)}"
         try:
             config = defaults_only.make()
-        except Exception:  # noqa: BLE001 - required keys without defaults: chz's own listing says which
-            return blueprint.get_help()
+        except Exception:  # noqa: BLE001 - required keys without defaults: listed from the class itself
+            config = None
+    target: Any = type(config) if config is not None else blueprint.target
     rows = [_HelpRow(k.name, "str", repr(given.get(k.name, k.default)), k.doc) for k in recipe_keys]
     follows = _references(defaults_only)
-    rows += _config_rows(config, "", follows)
-    short = _short_keys([r.key for r in rows], set(chz.chz_fields(type(config))))
+    rows += _config_rows(config, "", follows) if config is not None else _class_rows(target)
+    short = _short_keys([r.key for r in rows if r.entry_of is None], set(chz.chz_fields(target)))
+    short.update({r.key: short[r.entry_of] + r.key[len(r.entry_of):] for r in rows
+                  if r.entry_of is not None and r.entry_of in short})
     out = [f"Usage: {command} [key=value ...]", ""]
-    summary = summary or (inspect.getdoc(type(config)) or "").split("\n\n")[0]
+    summary = summary or (inspect.getdoc(target) or "").split("\n\n")[0]
     if summary:
         out += [summary, ""]
     if short:
@@ -403,8 +412,26 @@ def _config_rows(config: Any, prefix: str, follows: Mapping[str, str]) -> list[_
             doc = f"(follows {follows[path]}) {doc}".strip()
         shown = type(value).__name__ if chz.is_chz(value) else _value_repr(value)
         rows.append(_HelpRow(path, _type_repr(field.final_type), shown, " ".join(doc.split())))
+        if isinstance(value, dict):  # each entry given so far is a key of its own (``columns.prompt=...``)
+            rows += [_HelpRow(f"{path}.{k}", type(v).__name__, _value_repr(v), "", entry_of=path)
+                     for k, v in value.items()]
         if chz.is_chz(value):
             rows += _config_rows(value, path + ".", follows)
+    return rows
+
+
+def _class_rows(cls: type) -> list[_HelpRow]:
+    """The rows of a config class that cannot be made without arguments: class defaults, required keys marked."""
+    docs = _attribute_docs(cls)
+    rows = []
+    for name, field in chz.chz_fields(cls).items():
+        # chz keeps a field's default (or factory) in private attributes, MISSING when there is none.
+        default: Any = field._default
+        factory: Any = field._default_factory
+        if default is MISSING and factory is not MISSING:
+            default = factory()
+        shown = "(required)" if default is MISSING else _value_repr(default)
+        rows.append(_HelpRow(name, _type_repr(field.final_type), shown, " ".join(docs.get(name, "").split())))
     return rows
 
 

@@ -112,7 +112,7 @@ def _dims_from_config(model_name: str) -> ModelDims:
     except (OSError, ValueError) as exc:  # transformers' "not found / not cached / not a config" errors
         raise ConfigurationError(
             f"model_name={model_name!r}: its config is not available here, so its dimensions are not known "
-            f"({type(exc).__name__}). Use one of {sorted(_KNOWN_DIMS)}, a model whose config is in the local "
+            f"({type(exc).__name__}). Use one of {dense_known_models()}, a model whose config is in the local "
             "Hugging Face cache, or pass learning_rate explicitly"
         ) from exc
     text = getattr(config, "text_config", None) or config
@@ -136,6 +136,12 @@ def _dims_from_config(model_name: str) -> ModelDims:
         vocab_size=int(text.vocab_size),
         num_experts=experts,
     )
+
+
+def dense_known_models() -> list[str]:
+    """The built-in table's dense models: the ones the engine trains (it refuses mixture-of-experts models, whose
+    dimensions are kept only for LoRA parameter counts)."""
+    return sorted(name for name, dims in _KNOWN_DIMS.items() if dims.num_experts == 0)
 
 
 def get_model_dims(model_name: str) -> ModelDims:

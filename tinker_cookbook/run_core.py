@@ -25,12 +25,15 @@ continues from it.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import math
-from collections.abc import Callable, Sequence
+import shutil
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import chz
 
@@ -40,10 +43,13 @@ from tinker_cookbook.exceptions import CheckpointError, ConfigurationError, Data
 from tinker_cookbook.supervised.types import SupervisedDataset
 from tinker_cookbook.utils import ml_log
 from tinker_cookbook.utils.lr_scheduling import LR_SCHEDULES, LRSchedule, compute_schedule_lr_multiplier
+from tinker_cookbook.utils.progress import PROGRESS_MODES, ProgressMode, RunProgress, phase
 
 logger = logging.getLogger(__name__)
 
 Evaluator = TrainingClientEvaluator | SamplingClientEvaluator
+ConfigT = TypeVar("ConfigT")
+ResultT = TypeVar("ResultT")
 # The cookbook's AdamW settings besides the learning rate: the defaults of the loops that expose them, and what the
 # RL loop always uses.
 ADAM_BETA1, ADAM_BETA2, ADAM_EPS = 0.9, 0.95, 1e-8
@@ -94,11 +100,20 @@ class RunConfig:
 
     base_url: str | None = None
     """The service to train on: None, the in-process engine; an http(s) URL, a Tinker-protocol server (such as
-    `tinker-cookbook serve`) through the official SDK (`pip install tinker_cookbook[remote]`; key: $TINKER_API_KEY)."""
+    `tinker-cookbook serve`) through the official SDK (`pip install 'tinker==0.38.0'`, the remote extra; key: $TINKER_API_KEY)."""
     wandb_project: str | None = None
     """Also log to this Weights & Biases project (None: no wandb)."""
     wandb_name: str | None = None
     """The wandb run name."""
+    wandb_entity: str | None = None
+    """The wandb entity (team or user) of the project (None: your default entity)."""
+    wandb_group: str | None = None
+    """Group this run with others in wandb (a sweep, a series of ablations)."""
+    wandb_tags: list[str] = chz.field(default_factory=list)
+    """Tags of the wandb run (``wandb_tags=a,b``)."""
+    progress: ProgressMode = "auto"
+    """The console display: ``bar`` (live bar: steps, ETA, phase, throughput), ``lines`` (one plain line per step),
+    ``table`` (each step's metrics as a table), ``off``; ``auto``: ``bar`` on a terminal, ``lines`` otherwise."""
     behavior_if_log_dir_exists: cli_utils.LogdirBehavior = "ask"
     """When log_path holds a run: resume it, delete it, raise, or ask (raise when stdin is not a terminal)."""
 
@@ -110,6 +125,7 @@ class RunConfig:
             (min(self.eval_every, self.save_every) >= 0, "eval_every and save_every must be >= 0 (0 disables)"),
             (self.ttl_seconds is None or self.ttl_seconds > 0,
              f"ttl_seconds={self.ttl_seconds} must be a positive number of seconds (or None: kept)"),
+            (self.progress in PROGRESS_MODES, f"progress={self.progress!r} must be one of {list(PROGRESS_MODES)}"),
             (self.behavior_if_log_dir_exists in cli_utils.LOGDIR_BEHAVIORS,
              (f"behavior_if_log_dir_exists={self.behavior_if_log_dir_exists!r} must be one of "
               f"{list(cli_utils.LOGDIR_BEHAVIORS)}")),
@@ -160,6 +176,18 @@ def adam_params(learning_rate: float, beta1: float = ADAM_BETA1, beta2: float = 
     """One optimizer step's AdamW settings (the RL loop uses the defaults; ``EpochRunConfig`` has them as fields)."""
     return tinker.AdamParams(learning_rate=learning_rate, beta1=beta1, beta2=beta2, eps=eps,
                              weight_decay=weight_decay, grad_clip_norm=grad_clip_norm)
+
+
+def run_sync(main: Callable[[ConfigT], Coroutine[Any, Any, ResultT]], config: ConfigT) -> ResultT:
+    """Run a loop's ``async main(config)`` to the end from synchronous code: ``asyncio.run`` in a plain script, a
+    worker thread where an event loop already runs in this thread (Jupyter, IPython), since ``asyncio.run`` cannot
+    nest. Each loop's ``run(config)`` is this."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main(config))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="run") as pool:
+        return pool.submit(asyncio.run, main(config)).result()
 
 
 def check_learning_rate(learning_rate: float) -> None:
@@ -326,6 +354,10 @@ class Run:
     service_client: tinker.ServiceClient
     training_client: tinker.TrainingClient
 
+    def phase(self, name: str) -> Any:
+        """``with run.phase("sampling"):`` shows the phase on the run's progress display while the block runs."""
+        return phase(name)
+
     def start_checkpoint_if_due(self, step: int) -> checkpoint_utils.PendingCheckpoint | None:
         """Queue the periodic checkpoint of the state after ``step`` steps when one is due (call it when everything
         queued so far ends with step ``step - 1``'s ``optim_step``); record it with ``finish_async``."""
@@ -353,12 +385,25 @@ async def open_run(config: RunConfig, plan: Plan, resume: checkpoint_utils.Resum
     and create the training client; None when the run already reached ``plan.end_step`` (nothing to do)."""
     if not resume.begin(plan.start_step, plan.end_step):
         return None
-    ml_logger = ml_log.setup_logging(config.log_path, config.wandb_project, config.wandb_name, config=config)
+    log_dir = Path(config.log_path)
+    held_a_run = log_dir.is_dir() and any(log_dir.iterdir())
+    progress = RunProgress(config.progress, plan.start_step, plan.end_step, plan.total_steps,
+                           name=config.recipe_name or Path(config.log_path).name)
+    ml_logger = ml_log.setup_logging(
+        config.log_path, config.wandb_project, config.wandb_name, config=config, print_metrics=False,
+        wandb_entity=config.wandb_entity, wandb_group=config.wandb_group, wandb_tags=config.wandb_tags,
+        extra_sinks=[progress])
+    progress.open()
+    progress.set_phase("training")
     try:
         service_client = tinker.ServiceClient(base_url=config.base_url)
         training_client = await create_training_client(service_client, config, resume.row)
     except BaseException:
         ml_logger.close()
+        if not held_a_run:
+            # Nothing was trained: leave no stub run (config.json, logs.log) that the next attempt would have to
+            # resume or delete.
+            shutil.rmtree(log_dir, ignore_errors=True)
         raise
     return Run(config, plan, ml_logger, service_client, training_client)
 
@@ -389,10 +434,16 @@ async def open_epoch_run(
 class Evaluators:
     """The evaluators of a run, each with how often it runs (in steps; 0: never)."""
 
+    log_path: str | None = None
+    """The run's directory, handed to each evaluator (``attach_to_run``) for the files it writes (Inspect logs)."""
     every: list[tuple[int, Evaluator]] = field(default_factory=list)
 
     def add(self, period: int, evaluators: Sequence[Evaluator]) -> None:
-        self.every.extend((period, evaluator) for evaluator in evaluators)
+        for evaluator in evaluators:
+            attach = getattr(evaluator, "attach_to_run", None)  # evaluators not built on the base classes lack it
+            if self.log_path is not None and attach is not None:
+                attach(self.log_path)
+            self.every.append((period, evaluator))
 
     def due(self, step: int, final: bool = False) -> list[Evaluator]:
         """Those due before ``step`` (``step % period == 0``), or all with a period when ``final``."""
@@ -414,11 +465,14 @@ async def run_evaluators(evaluators: list[Evaluator], training_client: tinker.Tr
     """Run ``evaluators`` on the current weights (after every request queued so far); sampling evaluators get
     ``sampling_client``, or one snapshot of the training client's weights made for them."""
     metrics: dict[str, float] = {}
-    for evaluator in evaluators:
-        if isinstance(evaluator, SamplingClientEvaluator):
-            if sampling_client is None:
-                sampling_client = await training_client.save_weights_and_get_sampling_client_async()
-            metrics.update(await evaluator(sampling_client))
-        else:
-            metrics.update(await evaluator(training_client))
+    if not evaluators:
+        return metrics
+    with phase("evaluating"):
+        for evaluator in evaluators:
+            if isinstance(evaluator, SamplingClientEvaluator):
+                if sampling_client is None:
+                    sampling_client = await training_client.save_weights_and_get_sampling_client_async()
+                metrics.update(await evaluator(sampling_client))
+            else:
+                metrics.update(await evaluator(training_client))
     return metrics

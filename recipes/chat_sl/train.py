@@ -4,7 +4,9 @@
     python -m recipes.chat_sl.train model_name=tinker-cookbook/tiny-smollm2 max_steps=2   # smoke test, seconds
     python -m recipes.chat_sl.train dataset=no_robots            # HuggingFaceH4/no_robots (hub or its cache)
     python -m recipes.chat_sl.train dataset=tulu3                # allenai/tulu-3-sft-mixture (hub or its cache)
-    python -m recipes.chat_sl.train dataset=my_conversations.jsonl   # your own {"messages": [...]} rows
+    python -m recipes.chat_sl.train dataset=my_conversations.jsonl   # your own rows: messages, ShareGPT, Alpaca, ...
+    python -m recipes.chat_sl.train dataset=example-data/contact_cards.csv columns.prompt=description columns.completion=card
+    python -m recipes.chat_sl.train dataset=org/big-sft-set dataset_builder.streaming=true dataset_builder.max_rows=20000
     python -m recipes.chat_sl.train model_name=meta-llama/Llama-3.1-8B dataset=no_robots batch_size=256 \\
         learning_rate=1e-4 max_length=16384 eval_every=20 save_every=20   # the official cookbook's run
     python -m recipes.chat_sl.train --help                       # every key, its default and what it does
@@ -21,7 +23,6 @@ and the official cookbook's schedule (linear decay).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 
 import chz
@@ -34,8 +35,9 @@ DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DATASET = RecipeKey(
     "dataset", "example",
     "Picks dataset_builder and its settings: 'example' (the project's conversations, works offline), "
-    "'no_robots' / 'HuggingFaceH4/no_robots', 'tulu3' / 'allenai/tulu-3-sft-mixture' (hub or its cache), "
-    "or a path to a .jsonl file of {\"messages\": [...]} rows.",
+    "'no_robots' / 'HuggingFaceH4/no_robots', 'tulu3' / 'allenai/tulu-3-sft-mixture', any other hub id "
+    "'org/name' (hub or its cache), or a path to a .jsonl, .json, .csv or .parquet file. Rows may be messages, "
+    "ShareGPT, Alpaca or prompt/completion (detected); columns.prompt=question reads other column names.",
 )
 
 
@@ -50,7 +52,7 @@ def blueprint(args: Mapping[str, str]) -> chz.Blueprint[train.Config]:
 
 
 def main(config: train.Config) -> None:
-    asyncio.run(train.main(config))
+    train.run(config)
 
 
 if __name__ == "__main__":

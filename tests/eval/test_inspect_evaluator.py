@@ -43,8 +43,8 @@ def sl_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sl")
     common = ChatDatasetBuilderCommonConfig(model_name_for_tokenizer=TINY, renderer_name="role_colon",
                                             max_length=96, batch_size=4)
-    inspect_eval = InspectEvaluatorBuilder(tasks=[CONTACT_CARDS], limit=2, max_tokens=4, renderer_name="role_colon",
-                                           log_dir=str(tmp / "inspect-logs"))
+    # No log_dir: inline, Inspect's logs go to the run's own inspect/ directory.
+    inspect_eval = InspectEvaluatorBuilder(tasks=[CONTACT_CARDS], limit=2, max_tokens=4, renderer_name="role_colon")
     config = train.Config(
         log_path=str(tmp / "run"), model_name=TINY, renderer_name="role_colon",
         dataset_builder=FromConversationFileBuilder(common_config=common, file_path=str(_write_cards(tmp / "d.jsonl", 20)),
@@ -63,8 +63,8 @@ def test_inline_inspect_evaluator_logs_scores_every_eval(sl_run):
     assert len(evaluated) >= 2
     for row in evaluated:
         assert 0.0 <= row["inspect/contact_cards/card_fields/mean"] <= 1.0
-    # Inspect's own log of each evaluation, two samples each
-    assert len(list_eval_logs(str(sl_run / "inspect-logs"))) == len(evaluated)
+    # Inspect's own log of each evaluation, two samples each, inside the run's directory
+    assert len(list_eval_logs(str(sl_run / "run" / "inspect"))) == len(evaluated)
 
 
 def test_run_inspect_evals_on_the_checkpoint_uses_its_stored_renderer(sl_run, capsys):

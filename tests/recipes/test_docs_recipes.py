@@ -83,6 +83,10 @@ def test_lr_sweep_runs_two_points_and_collects_a_table_and_a_plot(tmp_path):
     # One Adam step moves each weight by about the learning rate: 1e-2 against 1e-4 changes the held-out loss far
     # beyond float noise, so equal values would mean both rows came from one run.
     assert abs(table["final_test_nll"][0] - table["final_test_nll"][1]) > 1e-3
+    # The points' training curves, overlaid by plot_metrics: a PNG and an HTML page naming both runs.
+    assert (sweep_dir / "train_mean_nll.png").read_bytes()[:4] == b"\x89PNG"
+    page = (sweep_dir / "train_mean_nll.html").read_text()
+    assert "lr-0.0001" in page and "lr-0.01" in page
     assert (sweep_dir / "final_loss_vs_lr.png").stat().st_size > 0
 
 

@@ -316,3 +316,25 @@ def test_unknown_loss_config_key_is_an_error(tmp_path):
     cfg = _config(tmp_path, "badloss", max_steps=1, eval_every=0, loss_fn="ppo", loss_fn_config={"beta": 1.0})
     with pytest.raises(tinker.BadRequestError, match="beta"):
         run(train.main(cfg))
+
+
+def test_progress_shows_each_iteration_and_its_phases(tmp_path, capsys, monkeypatch):
+    from tinker_cookbook.utils.progress import RunProgress
+
+    phases: list[str] = []
+    original = RunProgress.set_phase
+
+    def recording(self: RunProgress, name: str) -> None:
+        phases.append(name)
+        original(self, name)
+
+    monkeypatch.setattr(RunProgress, "set_phase", recording)
+    train.run(_config(tmp_path, "progress", max_steps=2, recipe_name="rl"))  # the synchronous entry point
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("rl step")]
+    assert [line.split(" | ")[0] for line in lines[:2]] == ["rl step 1/2 50%", "rl step 2/2 100%"]
+    assert all("ETA" in line and "s/step" in line for line in lines)
+    # Sampling and training each iteration, the evaluations (eval_every=2: before step 0, and the final one),
+    # the checkpoints (save_every=2: the final one).
+    assert {"sampling", "training", "evaluating", "saving"} <= set(phases)
+    # The test-set evaluations are traced like the training rollouts, in the iteration's eval.html.
+    assert "Evaluator test" in (tmp_path / "progress" / "iteration_000000" / "eval.html").read_text()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("tinker", reason="the official tinker SDK is not installed (pip install tinker_cookbook[remote])")
+pytest.importorskip("tinker", reason="the official tinker SDK is not installed (pip install 'tinker==0.38.0')")
 fastapi = pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 

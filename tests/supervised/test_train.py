@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+from typing import ClassVar
 
 import pandas
 import pytest
@@ -121,3 +122,31 @@ def test_config_validation_names_the_field(tmp_path, data_file):
         _config(tmp_path, data_file, lr_schedule="exponential")
     with pytest.raises(ValueError, match="max_steps=0"):
         _config(tmp_path, data_file, max_steps=0)
+
+
+class _PhaseRecorder:
+    """An evaluator that records the phase the run's progress display shows while it runs."""
+
+    seen: ClassVar[list[str]] = []
+
+    async def __call__(self, training_client) -> dict[str, float]:
+        from tinker_cookbook.utils import progress
+
+        current = progress.current()
+        self.seen.append(current.current_phase if current is not None else "none")
+        return {}
+
+
+def test_progress_lines_off_a_terminal_and_the_table_on_request(tmp_path, data_file, capsys):
+    _PhaseRecorder.seen = []
+    _run(_config(tmp_path / "lines", data_file, evaluator_builders=[_PhaseRecorder], recipe_name="sft"))
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("sft step")]
+    # capsys is not a terminal: auto mode prints one line per step (4 steps), plus one for the final evaluation.
+    assert [line.split(" | ")[0] for line in lines[:4]] == [f"sft step {s}/4 {25 * s}%" for s in range(1, 5)]
+    assert all("ETA" in line and "tok/s" in line and "train_mean_nll=" in line for line in lines)
+    assert "test/nll=" in lines[-1]
+    assert _PhaseRecorder.seen and set(_PhaseRecorder.seen) == {"evaluating"}
+    _run(_config(tmp_path / "table", data_file, progress="table", max_steps=1))
+    out = capsys.readouterr().out
+    assert "sft step" not in out and "step 0" in out and "train_mean_nll" in out

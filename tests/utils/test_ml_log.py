@@ -73,6 +73,31 @@ def test_wandb_offline_writes_a_local_run(tmp_path, monkeypatch):
     assert (tmp_path / "metrics.jsonl").exists()
 
 
+def _wandb_run(log_dir, **kwargs):
+    log = ml_log.setup_logging(log_dir, wandb_project="tests", config=_Config(), print_metrics=False, **kwargs)
+    run = next(sink for sink in log.loggers if isinstance(sink, ml_log.WandbLogger)).run
+    seen = {"id": run.id, "group": run.group, "tags": tuple(run.tags)}
+    log.log_metrics({"train_mean_nll": 1.0}, step=0)
+    log.close()
+    ml_log.configure_logging_module(None)
+    return seen
+
+
+def test_wandb_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    first = _wandb_run(tmp_path / "run", wandb_group="sweep-1", wandb_tags=("lr", "tiny"))
+    assert (first["group"], first["tags"]) == ("sweep-1", ("lr", "tiny"))
+    assert (tmp_path / "run" / ml_log.WANDB_ID_FILE).read_text().strip() == first["id"]
+    again = _wandb_run(tmp_path / "run")  # the same log dir: a resumed run
+    assert again["id"] == first["id"]
+    # wandb names its offline directories offline-run-<time>-<id> (a -1 suffix when the second is the same): both
+    # invocations wrote the same run id.
+    runs = [d.name for d in (tmp_path / "run" / "wandb").glob("offline-run-*")]
+    assert len(runs) == 2 and all(f"-{first['id']}" in name for name in runs)
+    assert _wandb_run(tmp_path / "other")["id"] != first["id"]  # another run dir: another wandb run
+
+
 def test_read_metrics_skips_a_torn_last_line(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "a": 1}\n{"step": 1, "a"')
     assert ml_log.read_metrics(tmp_path) == [{"step": 0, "a": 1}]

@@ -18,7 +18,15 @@ from typing import TypeAlias
 from tinker_cookbook import tinker
 
 
-class TrainingClientEvaluator(ABC):
+class _RunFiles:
+    """What every evaluator may do with the directory of the run it is attached to."""
+
+    def attach_to_run(self, log_path: str) -> None:  # noqa: B027 - optional hook, a no-op unless overridden
+        """Called by the training loop with the run's ``log_path`` before the first evaluation: an evaluator that
+        writes files of its own (logs, transcripts) puts them there unless told otherwise."""
+
+
+class TrainingClientEvaluator(_RunFiles, ABC):
     """An evaluation that runs requests on the training client (``forward``) and returns named metrics."""
 
     @abstractmethod
@@ -26,7 +34,7 @@ class TrainingClientEvaluator(ABC):
         """Metrics such as ``{"test/nll": 1.23}``."""
 
 
-class SamplingClientEvaluator(ABC):
+class SamplingClientEvaluator(_RunFiles, ABC):
     """An evaluation that samples from the model and returns named metrics."""
 
     @abstractmethod

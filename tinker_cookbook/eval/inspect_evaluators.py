@@ -9,7 +9,8 @@
 Every ``eval_every`` steps the loop hands the evaluator a sampling client on the current weights; the tasks run
 in-process through ``InspectAPIFromTinkerSampling`` and each score comes back as a metric named
 ``inspect/<task>/<scorer>/<metric>`` (e.g. ``inspect/contact_cards/card_fields/mean``). Inspect writes its own
-log of every run to ``log_dir`` (``inspect view --log-dir DIR`` shows them).
+log of every run to ``log_dir``: by default ``<log_path>/inspect`` of the training run it is attached to, and
+``~/inspect-logs`` on its own (``inspect view --log-dir DIR`` shows them).
 
 A task is anything Inspect's ``eval`` accepts: a file (``path/tasks.py``, ``path/tasks.py@name``), or a registered
 name such as ``inspect_evals/ifeval`` (needs the ``inspect_evals`` package and its datasets, i.e. a network).
@@ -51,25 +52,35 @@ class InspectEvaluatorBuilder:
     temperature: float | None = None
     """None for this and the other generation settings: the task's own setting, else the API default."""
     max_tokens: int | None = None
+    """Most tokens per reply (None: the task's setting)."""
     top_p: float | None = None
+    """Nucleus sampling threshold (None: the task's setting)."""
     top_k: int | None = None
+    """Sample among the k likeliest tokens (None: the task's setting)."""
     seed: int | None = None
+    """Sampling seed, for reproducible samples (None: the task's setting)."""
     num_choices: int | None = None
+    """Replies per sample (None: the task's setting)."""
     task_args: dict[str, str] | None = None
     """Arguments of the task functions (``inspect eval -T``), e.g. ``task_args.grader_model=...``."""
     limit: int | None = None
     """Samples per task (None: all)."""
     epochs: int | None = None
-    log_dir: str = DEFAULT_LOG_DIR
+    """Times each sample is run (None: the task's setting)."""
+    log_dir: str | None = None
+    """Where Inspect writes its logs; None: ``<log_path>/inspect`` inside a training run, else ``~/inspect-logs``."""
     max_connections: int | None = None
     """Concurrent generate calls (batched by the sampler); None: the provider's default."""
     include_reasoning: bool = False
+    """Keep the model's thinking (``<think>...</think>``) in the replies Inspect scores."""
     verbose: bool = False
+    """Log every prompt and reply of the sampler."""
     log_level: str = "warning"
     """Inspect's console log level."""
     debug_errors: bool = False
     """Raise a sample's exception at once instead of recording it in Inspect's log (the eval fails either way)."""
     metric_prefix: str = DEFAULT_METRIC_PREFIX
+    """Metrics are named ``<metric_prefix>/<task>/<scorer>/<metric>``."""
     metadata: dict[str, str] | None = None
     """Stored in each Inspect log."""
 
@@ -145,6 +156,19 @@ class InspectEvaluator(SamplingClientEvaluator):
         self.model_path = model_path
         self.last_logs: list[Any] = []
         """The Inspect ``EvalLog`` objects of the latest call (their ``location`` is the log file)."""
+        self.run_log_path: str | None = None
+
+    def attach_to_run(self, log_path: str) -> None:
+        self.run_log_path = log_path
+
+    @property
+    def log_dir(self) -> Path:
+        """Where Inspect's logs go: ``log_dir`` when set, else the run's ``inspect/``, else ``~/inspect-logs``."""
+        if self.config.log_dir is not None:
+            return Path(self.config.log_dir).expanduser()
+        if self.run_log_path is not None:
+            return Path(self.run_log_path) / "inspect"
+        return Path(DEFAULT_LOG_DIR).expanduser()
 
     def _model(self, sampling_client: tinker.SamplingClient) -> Any:
         from inspect_ai.model import GenerateConfig, Model
@@ -174,7 +198,7 @@ class InspectEvaluator(SamplingClientEvaluator):
                 logs = await inspect_ai.eval_async(
                     tasks, model=self._model(sampling_client), task_args=dict(cfg.task_args or {}),
                     limit=cfg.limit, epochs=cfg.epochs,
-                    log_dir=str(Path(cfg.log_dir).expanduser()), log_level=cfg.log_level, metadata=cfg.metadata,
+                    log_dir=str(self.log_dir), log_level=cfg.log_level, metadata=cfg.metadata,
                     debug_errors=cfg.debug_errors, score_display=False, ctl_server=False, **_generate_args(cfg),
                 )
         except (ConfigurationError, EvalError):

@@ -17,7 +17,6 @@ one. Every option of ``InspectEvaluatorBuilder`` is a ``key=value`` argument (``
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import chz
@@ -27,6 +26,7 @@ from tinker_cookbook.eval.inspect_evaluators import (
     InspectEvaluator,
     InspectEvaluatorBuilder,
     metrics_from_logs,
+    task_specs_for_inspect,
 )
 from tinker_cookbook.exceptions import ConfigurationError
 
@@ -63,6 +63,7 @@ async def run(config: Config) -> dict[str, float]:
             "pass model_path=tinker://RUN/sampler_weights/NAME (a checkpoint) or model_name=BASE_MODEL (a base "
             "model), e.g. model_name=HuggingFaceTB/SmolLM2-135M-Instruct"
         )
+    task_specs_for_inspect(config.tasks)  # a missing task file fails now, before a model is loaded
     from tinker_cookbook.eval.inspect_utils import InspectAPIFromTinkerSampling
 
     # The provider loads the model and resolves the renderer exactly as `inspect eval --model` would.
@@ -76,7 +77,7 @@ async def run(config: Config) -> dict[str, float]:
     print(format_score_table(score_rows(logs)))
     for log in logs:
         print(f"log: {log.location}")
-    print(f"browse: inspect view --log-dir {Path(config.log_dir).expanduser()}")
+    print(f"browse: inspect view --log-dir {evaluator.log_dir}")
     return metrics
 
 

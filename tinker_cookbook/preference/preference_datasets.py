@@ -38,6 +38,7 @@ from typing import Any
 import chz
 import numpy as np
 
+from tinker_cookbook.base.example_data import example_data_path
 from tinker_cookbook.exceptions import ConfigurationError, DataError, DataFormatError, RendererError
 from tinker_cookbook.preference.types import LabeledComparison, check_trainable_pair
 from tinker_cookbook.renderers import Message, Renderer
@@ -52,7 +53,7 @@ from tinker_cookbook.tinker import types
 
 logger = logging.getLogger(__name__)
 
-EXAMPLE_DATA_DIR = Path(__file__).resolve().parents[2] / "example-data" / "preferences"
+EXAMPLE_DATA_DIR = example_data_path("preferences")
 SKIP_HINT = "pass on_invalid_line=skip to the dataset builder (dataset.on_invalid_line=skip in the DPO recipe) to skip"
 
 

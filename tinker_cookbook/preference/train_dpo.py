@@ -290,11 +290,11 @@ async def _train(run: run_core.Run, config: Config, batches: run_core.EpochBatch
         with timed("evals", metrics):
             metrics.update(await run_core.run_evaluators(evaluators.before_step(plan, step), training_client))
         data = batches.get(step)
-        with timed("reference", metrics):
+        with timed("reference", metrics), run.phase("reference"):
             reference_sums = await reference.sums(data)
         metrics["reference/num_computed"] = reference.num_computed  # stays flat once every pair has been seen
         lr = config.learning_rate * config.lr_multiplier(plan, step)
-        with timed("train_step", metrics):
+        with timed("train_step", metrics), run.phase("training"):
             metrics.update(await train_step(training_client, data, reference_sums, config.dpo_beta,
                                             config.adam_params(lr)))
         metrics.update(learning_rate=lr, num_tokens=sum(d.model_input.length for d in data))
@@ -321,7 +321,7 @@ async def _finish_run(run: run_core.Run, evaluators: run_core.Evaluators, metric
 def _build_evaluators(
     config: Config, test_dataset: SupervisedDataset | None, reference: ReferenceLogprobs
 ) -> run_core.Evaluators:
-    evaluators = run_core.Evaluators()
+    evaluators = run_core.Evaluators(log_path=config.log_path)
     if test_dataset is not None:
         test_data = [datum for i in range(len(test_dataset)) for datum in test_dataset.get_batch(i)]
         evaluators.add(config.eval_every, [DPOEvaluator(test_data, reference, config.dpo_beta)])
@@ -343,8 +343,13 @@ async def main(config: Config) -> None:
         await _train(run, config, run_core.EpochBatches(train_dataset, run.plan), reference, evaluators)
 
 
+def run(config: Config) -> None:
+    """Train per ``config`` from synchronous code (a script, a notebook): ``main`` run to the end."""
+    run_core.run_sync(main, config)
+
+
 def cli_main(config: Config) -> None:
-    asyncio.run(main(config))
+    run(config)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import chz
 
-from tinker_cookbook import checkpoint_utils, run_core, tinker
+from tinker_cookbook import checkpoint_utils, cli_utils, run_core, tinker
 from tinker_cookbook.completers import TinkerTokenCompleter
 from tinker_cookbook.exceptions import AllTrajectoriesFailedError, ConfigurationError
 from tinker_cookbook.rl.metric_util import RLTestSetEvaluator, compute_trajectory_metrics
@@ -240,7 +240,7 @@ def _reference_client(cfg: Config, service_client: tinker.ServiceClient) -> tink
 
 def _context(cfg: Config, run: run_core.Run, dataset: RLDataset, test_dataset: RLDataset | None) -> RunContext:
     """The RL parts of an open run: evaluators (the given ones, then the test set's), reference policy, tokenizer."""
-    evaluators = run_core.Evaluators()
+    evaluators = run_core.Evaluators(log_path=cfg.log_path)
     evaluators.add(cfg.eval_every, [builder() for builder in cfg.evaluator_builders])
     if test_dataset is not None:
         evaluators.add(cfg.eval_every, [RLTestSetEvaluator(test_dataset, cfg.max_tokens, temperature=cfg.temperature,
@@ -354,12 +354,13 @@ async def _run_iteration(ctx: RunContext, i: int, sampling_client: tinker.Sampli
     _check_batch(builders, ctx.cfg, i)
     with timed("rollout_and_train", metrics):
         if ctx.cfg.stream_minibatch_config is not None:
-            rollout, train_metrics = await _stream_rollout_and_train(ctx, builders, i, sampling_client)
+            with ctx.run.phase("sampling+training"):
+                rollout, train_metrics = await _stream_rollout_and_train(ctx, builders, i, sampling_client)
         else:
-            with timed("rollout", metrics):
+            with timed("rollout", metrics), ctx.run.phase("sampling"):
                 rollout = await do_batch_rollouts(builders, ctx.policy(sampling_client, i),
                                                   ctx.cfg.rollout_error_tolerance, ctx.cfg.num_groups_to_log)
-            with timed("train", metrics):
+            with timed("train", metrics), ctx.run.phase("training"):
                 train_metrics = await _sync_train_step(ctx, rollout)
     metrics.update(rollout.metrics)
     metrics.update(compute_trajectory_metrics(rollout.groups_P, [b.logging_tags() for b in rollout.builders_P]))
@@ -403,3 +404,12 @@ async def main(cfg: Config) -> None:
             for i in range(ctx.start_batch, ctx.end_batch):
                 sampling_client = await _run_iteration(ctx, i, sampling_client)
         await _finish(ctx, sampling_client)
+
+
+def run(cfg: Config) -> None:
+    """Train per ``cfg`` from synchronous code (a script, a notebook): ``main`` run to the end."""
+    run_core.run_sync(main, cfg)
+
+
+if __name__ == "__main__":
+    cli_utils.run_recipe(run)

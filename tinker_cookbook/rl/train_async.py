@@ -162,11 +162,12 @@ class _AsyncRun:
             metrics: dict[str, float] = self.ctx.progress(step)
             start = time.perf_counter()
             metrics.update(await self.ctx.maybe_eval(step, self.sampler.client))
-            with timed("wait_for_groups", metrics):
+            with timed("wait_for_groups", metrics), self.ctx.run.phase("sampling"):
                 batch = await self.collect(step, metrics)
             if batch is None:
                 break
-            await self.train_step(step, batch, metrics)
+            with self.ctx.run.phase("training"):
+                await self.train_step(step, batch, metrics)
             next_client, checkpoint = await self.ctx.next_sampler(step, metrics)
             self.sampler = _Sampler(next_client, step + 1)
             for _ in batch:

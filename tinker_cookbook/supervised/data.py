@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -21,6 +21,7 @@ import numpy as np
 
 from tinker_cookbook.exceptions import DataError, DataFormatError, RendererError
 from tinker_cookbook.supervised.common import Reduction, datum_from_model_input_weights
+from tinker_cookbook.supervised.formats import ROW_FORMATS, RowFormat, row_to_messages
 from tinker_cookbook.supervised.types import ChatDatasetBuilder, SupervisedDataset
 from tinker_cookbook.tinker import types
 
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-ROLES = ("system", "user", "assistant", "tool")
 DEFAULT_TRAIN_ON_WHAT = "all_assistant_messages"
 InvalidRowPolicy = Literal["raise", "skip"]
 
@@ -67,21 +67,11 @@ def conversation_to_datum(
     return datum_from_model_input_weights(model_input, w, max_length=max_length, reduction=reduction)
 
 
-def check_conversation(row: Any) -> list[Message]:
-    """The ``messages`` of a JSONL row, after checking its structure; raises ``DataFormatError``."""
-    if not isinstance(row, dict):
-        raise DataFormatError(f"expected a JSON object with a 'messages' list, got {type(row).__name__}")
-    messages = row.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise DataFormatError(f"expected a non-empty 'messages' list, got keys {sorted(row)}")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise DataFormatError(f"messages[{i}] is a {type(message).__name__}, not an object with role/content")
-        if message.get("role") not in ROLES:
-            raise DataFormatError(f"messages[{i}].role={message.get('role')!r} is not one of {list(ROLES)}")
-        if not isinstance(message.get("content"), (str, list)):
-            raise DataFormatError(f"messages[{i}].content must be a string or a list of parts")
-    return messages  # type: ignore[return-value]  # checked above to have the Message shape
+def check_conversation(row: Any, fmt: str = "auto", columns: Mapping[str, str] | None = None) -> list[Message]:
+    """The conversation of a data row in any of the shapes of ``supervised.formats`` (``messages``, ShareGPT,
+    Alpaca, prompt/completion; ``fmt`` names one, ``auto`` detects it), after checking its structure; raises
+    ``DataFormatError``."""
+    return row_to_messages(row, fmt, columns)  # type: ignore[return-value]  # checked to have the Message shape
 
 
 class SupervisedDatasetFromHFDataset(SupervisedDataset):
@@ -89,7 +79,8 @@ class SupervisedDatasetFromHFDataset(SupervisedDataset):
 
     Give ``map_fn(row) -> Datum`` or ``flatmap_fn(row) -> list[Datum]``. ``set_epoch(seed)`` draws the row order
     from ``seed`` (the same seed, the same order). A row whose mapping raises ``DataError``/``RendererError`` is
-    reported with ``row_name(index)``; with ``on_invalid_row="skip"`` it is left out of its batch instead.
+    reported with ``row_name(index)``; with ``on_invalid_row="skip"`` it is left out of its batch instead (except
+    errors of the ``raise_on`` types, which always stop: a row of the wrong shape is not the odd row to skip).
     """
 
     def __init__(
@@ -100,6 +91,7 @@ class SupervisedDatasetFromHFDataset(SupervisedDataset):
         flatmap_fn: Callable[[Any], list[types.Datum]] | None = None,
         on_invalid_row: InvalidRowPolicy = "raise",
         row_name: Callable[[int], str] | None = None,
+        raise_on: type[Exception] | tuple[type[Exception], ...] = (),
     ) -> None:
         if (map_fn is None) == (flatmap_fn is None):
             raise ValueError("SupervisedDatasetFromHFDataset needs exactly one of map_fn= or flatmap_fn=")
@@ -110,6 +102,7 @@ class SupervisedDatasetFromHFDataset(SupervisedDataset):
         self._flatmap = flatmap_fn if flatmap_fn is not None else (lambda row: [map_fn(row)])  # type: ignore[misc]
         self.on_invalid_row = on_invalid_row
         self._row_name = row_name or (lambda i: f"row {i}")
+        self._always_raise = raise_on
         self._order = np.arange(len(hf_dataset))
 
     def set_epoch(self, seed: int = 0) -> None:
@@ -127,13 +120,14 @@ class SupervisedDatasetFromHFDataset(SupervisedDataset):
                 data.extend(self._flatmap(self.rows[int(row_index)]))
             except (DataError, RendererError) as exc:
                 message = f"{self._row_name(int(row_index))}: {exc}"
-                if self.on_invalid_row == "raise":
+                if self.on_invalid_row == "raise" or isinstance(exc, self._always_raise):
                     raise DataError(message) from exc
                 logger.warning("skipping %s", message)
         return data
 
 
-def _read_conversation_file(path: Path, on_invalid_line: InvalidRowPolicy) -> list[tuple[int, list[Message]]]:
+def _read_conversation_file(path: Path, on_invalid_line: InvalidRowPolicy, fmt: str = "auto",
+                            columns: Mapping[str, str] | None = None) -> list[tuple[int, list[Message]]]:
     """``(line number, messages)`` of every valid line."""
     rows: list[tuple[int, list[Message]]] = []
     with open(path) as f:
@@ -141,7 +135,7 @@ def _read_conversation_file(path: Path, on_invalid_line: InvalidRowPolicy) -> li
             if not line.strip():
                 continue
             try:
-                rows.append((number, check_conversation(json.loads(line))))
+                rows.append((number, check_conversation(json.loads(line), fmt, columns)))
             except (json.JSONDecodeError, DataFormatError) as exc:
                 message = f"{path}:{number}: not a conversation: {exc}"
                 if on_invalid_line == "raise":
@@ -152,7 +146,8 @@ def _read_conversation_file(path: Path, on_invalid_line: InvalidRowPolicy) -> li
 
 @chz.chz
 class FromConversationFileBuilder(ChatDatasetBuilder):
-    """Conversations from a JSONL file (``{"messages": [{"role": ..., "content": ...}, ...]}`` per line).
+    """Conversations from a JSONL file, one row per line: ``{"messages": [...]}``, or a ShareGPT, Alpaca or
+    prompt/completion row (``supervised.formats``; detected per row unless ``format`` names one).
 
     The rows are shuffled with ``shuffle_seed``; the first ``test_size`` become the test set (one batch). Every
     conversation is rendered up front: a line that is not a conversation, has no trainable tokens, or does not
@@ -168,6 +163,10 @@ class FromConversationFileBuilder(ChatDatasetBuilder):
     """Seed of the shuffle before the test rows are split off."""
     on_invalid_line: InvalidRowPolicy = "raise"
     """``raise``: stop at the first line that cannot train, naming it; ``skip``: warn and leave it out."""
+    format: RowFormat = "auto"
+    """The rows' shape: messages, sharegpt, alpaca, prompt_completion, or auto (detected from each row's keys)."""
+    columns: dict[str, str] = chz.field(default_factory=dict)
+    """Read these columns as the expected keys: ``columns.prompt=question`` reads column ``question`` as the prompt."""
 
     @chz.validate
     def _check(self) -> None:
@@ -175,12 +174,14 @@ class FromConversationFileBuilder(ChatDatasetBuilder):
             raise ValueError(f"test_size={self.test_size} must be >= 0")
         if self.on_invalid_line not in ("raise", "skip"):
             raise ValueError(f"on_invalid_line={self.on_invalid_line!r} must be 'raise' or 'skip'")
+        if self.format not in ROW_FORMATS:
+            raise ValueError(f"format={self.format!r} must be one of {list(ROW_FORMATS)}")
 
     def _datums(self, path: Path) -> list[types.Datum]:
         cfg = self.common_config
         train_on_what = cfg.train_on_what or DEFAULT_TRAIN_ON_WHAT
         datums: list[types.Datum] = []
-        for number, messages in _read_conversation_file(path, self.on_invalid_line):
+        for number, messages in _read_conversation_file(path, self.on_invalid_line, self.format, self.columns):
             try:
                 datums.append(conversation_to_datum(messages, self.renderer, cfg.max_length, train_on_what))
             except (DataError, RendererError) as exc:

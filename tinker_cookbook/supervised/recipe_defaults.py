@@ -41,8 +41,11 @@ def chat_dataset(name: str) -> dict[str, Any]:
     placeholder = ChatDatasetBuilderCommonConfig(model_name_for_tokenizer="", batch_size=1)
     builder = get_chat_dataset_builder(name, placeholder)
     values: dict[str, Any] = {"dataset_builder": type(builder)}
+    # An empty mapping (the builder's columns) is left to its default: chz takes ``columns.prompt=...`` on the
+    # command line only when the mapping itself was not given a value.
     values.update({f"dataset_builder.{key}": getattr(builder, key)
-                   for key in chz.chz_fields(type(builder)) if key != "common_config"})
+                   for key in chz.chz_fields(type(builder))
+                   if key != "common_config" and getattr(builder, key) != {}})
     return values
 
 

@@ -33,7 +33,6 @@ file format):
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -81,7 +80,7 @@ class Config(run_core.EpochRunConfig):
 
 
 def _build_evaluators(config: Config, test_dataset: SupervisedDataset | None) -> run_core.Evaluators:
-    evaluators = run_core.Evaluators()
+    evaluators = run_core.Evaluators(log_path=config.log_path)
     if test_dataset is not None:
         evaluators.add(config.eval_every, [NLLEvaluator.from_dataset(test_dataset, name="test")])
     evaluators.add(config.eval_every, [builder() for builder in config.evaluator_builders])
@@ -235,8 +234,13 @@ async def main(config: Config) -> None:
         await _train(run, config, batches, _build_evaluators(config, test_dataset))
 
 
+def run(config: Config) -> None:
+    """Train per ``config`` from synchronous code (a script, a notebook): ``main`` run to the end."""
+    run_core.run_sync(main, config)
+
+
 def cli_main(config: Config) -> None:
-    asyncio.run(main(config))
+    run(config)
 
 
 if __name__ == "__main__":

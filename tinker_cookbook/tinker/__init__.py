@@ -10,7 +10,7 @@ Port code written for the official SDK by replacing ``import tinker`` with
     training_client = service_client.create_lora_training_client(base_model="HuggingFaceTB/SmolLM2-135M-Instruct")
 
 ``ServiceClient(base_url="http://host:port")`` runs the same clients on a Tinker-protocol server (``tinker-cookbook
-serve``, or the hosted service) through the official ``tinker`` SDK (``pip install tinker_cookbook[remote]``).
+serve``, or the hosted service) through the official ``tinker`` SDK (``pip install 'tinker==0.38.0'``, the ``remote`` extra).
 """
 
 from tinker_cookbook.tinker import lib, types

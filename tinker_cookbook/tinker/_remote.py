@@ -3,7 +3,7 @@
 ``ServiceClient(base_url="http://host:port")`` (and every loop and recipe given ``base_url=...``) lands here: this
 project's clients keep their interface, and each operation becomes one call of the official ``tinker`` SDK's
 clients, with the data converted between this project's types and the SDK's at the boundary. The SDK is an
-optional dependency (``pip install tinker_cookbook[remote]``), imported only when a remote client is created.
+optional dependency (``pip install 'tinker==0.38.0'``, the ``remote`` extra), imported only when a remote client is created.
 
 Errors come back as this project's error classes: an HTTP status maps to the class of the same name, and a failed
 request keeps the class the server named in its message (``NotFoundError: ...``) when it is one of ours.
@@ -29,7 +29,9 @@ from tinker_cookbook.tinker.futures import then
 T = TypeVar("T")
 U = TypeVar("U")
 
-INSTALL_HINT = "pip install 'tinker_cookbook[remote]'"
+# The SDK itself, pinned as the `remote` extra pins it: a hint that names this project's extra would resolve to the
+# official cookbook on a package index, and quoted so that zsh does not expand the brackets of an extra.
+INSTALL_HINT = "pip install 'tinker==0.38.0' (or, in a checkout: pip install -e '.[remote]')"
 LOOPBACK_API_KEY = "tml-local-no-key"
 """Sent to a loopback server when no key is given: the SDK refuses to start without a ``tml-`` key, and a server
 on 127.0.0.1 that was started without ``--api-key`` checks none."""

@@ -25,7 +25,7 @@ class ServiceClient:
 
     ``base_url`` None (or "local"): the in-process engine, shared by all clients of the process. A URL
     (``http://host:port``): a server that speaks the Tinker protocol (``tinker-cookbook serve``, or the hosted
-    service), reached through the official ``tinker`` SDK (``pip install tinker_cookbook[remote]``); ``api_key``
+    service), reached through the official ``tinker`` SDK (``pip install 'tinker==0.38.0'``); ``api_key``
     goes to that server. ``project_id`` is accepted for source compatibility and ignored.
     """
 

@@ -39,6 +39,7 @@ from tinker_cookbook.exceptions import ConfigurationError
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
+WANDB_ID_FILE = "wandb_run_id"
 CONFIG_FILE = "config.json"
 LOG_FILE = "logs.log"
 
@@ -83,7 +84,8 @@ def _scalar(value: Any) -> Any:
     return value
 
 
-def _format_value(value: Any) -> str:
+def format_value(value: Any) -> str:
+    """A metric value for the console: 6 significant digits, scientific notation for tiny or huge values."""
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
             return str(value)
@@ -172,25 +174,33 @@ class PrettyPrintLogger(Logger):
         table.add_column("metric", style="cyan")
         table.add_column("value", justify="right")
         for key in sorted(metrics):
-            table.add_row(key, _format_value(_scalar(metrics[key])))
+            table.add_row(key, format_value(_scalar(metrics[key])))
         self.console.print(table)
 
 
 class WandbLogger(Logger):
-    """Logs to Weights & Biases (``WANDB_MODE=offline`` writes a local run that can be synced later)."""
+    """Logs to Weights & Biases (``WANDB_MODE=offline`` writes a local run that can be synced later).
 
-    def __init__(self, project: str, name: str | None, log_dir: str | Path, config: Any = None) -> None:
+    The wandb run id is kept in ``<log_dir>/wandb_run_id``: a resumed run (the same ``log_dir``) continues the same
+    wandb run (``resume="allow"``) instead of starting a second one; a fresh run in a new or deleted log dir gets a
+    new id.
+    """
+
+    def __init__(self, project: str, name: str | None, log_dir: str | Path, config: Any = None, *,
+                 entity: str | None = None, group: str | None = None, tags: Sequence[str] = ()) -> None:
         try:
             import wandb
         except ImportError as exc:
             raise ConfigurationError(
-                f"wandb_project={project!r} needs the wandb package: pip install 'tinker_cookbook[wandb]' "
+                f"wandb_project={project!r} needs the wandb package: pip install 'wandb==0.31.0' "
                 "(or leave wandb_project unset)"
             ) from exc
         self._wandb = wandb
+        self.run_id = wandb_run_id(log_dir)
         try:
             self.run = wandb.init(
-                project=project, name=name, dir=str(log_dir),
+                project=project, name=name, dir=str(log_dir), entity=entity, group=group, tags=list(tags) or None,
+                id=self.run_id, resume="allow",
                 config=dump_config(config) if config is not None else None, reinit="finish_previous",
             )
         except Exception as exc:  # wandb raises its own UsageError/CommError types
@@ -246,11 +256,37 @@ class MultiplexLogger(Logger):
         return urls[0] if urls else None
 
 
+def wandb_run_id(log_dir: str | Path) -> str:
+    """The wandb run id of the run in ``log_dir``: the one recorded there, else a new one, recorded now."""
+    path = Path(log_dir) / WANDB_ID_FILE
+    if path.is_file() and (recorded := path.read_text().strip()):
+        return recorded
+    import secrets
+
+    run_id = secrets.token_hex(4)  # wandb's own ids are 8 lowercase alphanumerics
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(run_id + "\n")
+    return run_id
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Setup
 # ---------------------------------------------------------------------------------------------------------
 
 _HANDLER_TAG = "_tinker_cookbook_handler"
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time of each record, so that a live progress bar that
+    redirects the console (rich) prints log records above the bar instead of through it."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:  # logging.StreamHandler.__init__ assigns it; the property ignores it
+        pass
 
 
 def configure_logging_module(log_file: str | Path | None, level: int = logging.INFO) -> None:
@@ -261,7 +297,7 @@ def configure_logging_module(log_file: str | Path | None, level: int = logging.I
             root.removeHandler(handler)
             handler.close()
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    handlers: list[logging.Handler] = [_StderrHandler()]
     if log_file is not None:
         handlers.append(logging.FileHandler(log_file))
     for handler in handlers:
@@ -281,8 +317,16 @@ def setup_logging(
     config: Any = None,
     do_configure_logging_module: bool = True,
     print_metrics: bool = True,
+    *,
+    wandb_entity: str | None = None,
+    wandb_group: str | None = None,
+    wandb_tags: Sequence[str] = (),
+    extra_sinks: Sequence[Logger] = (),
 ) -> Logger:
-    """The standard sinks for a run in ``log_dir``; ``config`` (if given) is written to ``config.json`` now."""
+    """The standard sinks for a run in ``log_dir``; ``config`` (if given) is written to ``config.json`` now.
+
+    ``print_metrics`` prints each step's metrics as a table; ``extra_sinks`` (a progress display) get every call too.
+    """
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     if do_configure_logging_module:
@@ -291,7 +335,9 @@ def setup_logging(
     if print_metrics:
         sinks.append(PrettyPrintLogger())
     if wandb_project:
-        sinks.append(WandbLogger(wandb_project, wandb_name, log_dir, config))
+        sinks.append(WandbLogger(wandb_project, wandb_name, log_dir, config, entity=wandb_entity, group=wandb_group,
+                                 tags=wandb_tags))
+    sinks.extend(extra_sinks)
     multiplexer = MultiplexLogger(sinks)
     if config is not None:
         multiplexer.log_hparams(config)

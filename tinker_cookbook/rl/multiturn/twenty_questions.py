@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import chz
 
+from tinker_cookbook.base.example_data import example_data_dir
 from tinker_cookbook.completers import MessageCompleter
 from tinker_cookbook.rl.multiturn.message_env import (
     EnvFromMessageEnv,
@@ -40,7 +41,7 @@ from tinker_cookbook.rl.types import Env, EnvGroupBuilder, Logs, Metrics, RLData
 if TYPE_CHECKING:
     from tinker_cookbook.renderers import Message, Renderer
 
-EXAMPLE_DATA = Path(__file__).resolve().parents[3] / "example-data"
+EXAMPLE_DATA = example_data_dir()
 WORD_LISTS: dict[str, tuple[Path, str]] = {
     # name: (file, the topic the player is told)
     "nouns": (EXAMPLE_DATA / "twenty_questions_nouns.txt", "a common noun such as an animal, a food or an object"),
