@@ -53,3 +53,16 @@ def test_data_without_provenance_or_not_a_list_passes_to_the_engine_checks() -> 
     plain = types.Datum(model_input=types.ModelInput.from_ints([1, 2]), loss_fn_inputs={"target_tokens": [2, 3]})
     registry.check([plain])
     registry.check("not a list")  # the engine names what is wrong with it
+
+
+def test_a_prompt_whose_image_length_only_the_model_knows_bounds_only_the_sampled_tokens() -> None:
+    image = types.ImageChunk(data=b"\x89PNG", format="png")  # no expected_tokens: the model decides its length
+    prompt = types.ModelInput(chunks=[types.EncodedTextChunk(tokens=[1, 2]), image])
+    assert provenance.prompt_length(prompt) is None
+    assert provenance.prompt_length(types.ModelInput.from_ints([1, 2, 3])) == 3
+    registry = provenance.SequenceRegistry()
+    sequence_id = registry.attach(provenance.prompt_length(prompt), _response(3)).sequences[0].sequence_id
+    assert sequence_id is not None
+    registry.check([_datum(sequence_id, prompt=40, sampled=3)])  # any prompt span length is accepted
+    with pytest.raises(BadRequestError, match=r"covers positions \[0, 4\) of the sampled tokens"):
+        registry.check([_datum(sequence_id, prompt=40, sampled=4)])

@@ -26,8 +26,17 @@ step of 128 groups of 16 samples uses 2,048, so this covers the 32 most recent s
 
 @dataclass(frozen=True)
 class _Sequence:
-    prompt_length: int
+    prompt_length: int | None  # None: an image chunk left its token count to the model (see prompt_length)
     sampled_length: int
+
+
+def prompt_length(prompt: types.ModelInput) -> int | None:
+    """The prompt's length in tokens, or None where an image chunk has no ``expected_tokens`` (only the model knows
+    how many tokens the image becomes; a prompt span naming such a sequence is then not bounded by its length)."""
+    try:
+        return prompt.length
+    except ValueError:
+        return None
 
 
 def new_sequence_ids(count: int) -> list[str]:
@@ -44,7 +53,7 @@ class SequenceRegistry:
         self._lock = threading.Lock()
         self._sequences: OrderedDict[str, _Sequence] = OrderedDict()
 
-    def record(self, sequence_ids: Sequence[str], prompt_length: int, response: types.SampleResponse) -> None:
+    def record(self, sequence_ids: Sequence[str], prompt_length: int | None, response: types.SampleResponse) -> None:
         """Remember the sequences of one sampling request (the ids in the order of ``response.sequences``)."""
         with self._lock:
             for sequence_id, sequence in zip(sequence_ids, response.sequences, strict=True):
@@ -53,7 +62,7 @@ class SequenceRegistry:
             while len(self._sequences) > self._capacity:
                 self._sequences.popitem(last=False)
 
-    def attach(self, prompt_length: int, response: types.SampleResponse) -> types.SampleResponse:
+    def attach(self, prompt_length: int | None, response: types.SampleResponse) -> types.SampleResponse:
         """``response`` with a fresh id on every sequence that has none, all of them recorded."""
         fresh = iter(new_sequence_ids(len(response.sequences)))
         sequences = [s if s.sequence_id else s.model_copy(update={"sequence_id": next(fresh)})
@@ -101,7 +110,7 @@ class SequenceRegistry:
             limit, part = known.prompt_length, "prompt"
         else:
             limit, part = known.sampled_length, "sampled tokens"
-        if span.offset + span.length > limit:
+        if limit is not None and span.offset + span.length > limit:
             raise BadRequestError(
                 f"{where} covers positions [{span.offset}, {span.offset + span.length}) of the {part} of "
                 f"{span.sequence_id!r}, which has {limit}; a span must stay inside its sequence")

@@ -55,7 +55,7 @@ class SamplingClient:
         try:
             future = self._backend.sample(self._handle, prompt, num_samples, sampling_params,
                                           include_prompt_logprobs, topk_prompt_logprobs)
-            prompt_length = prompt.length
+            prompt_length = provenance.prompt_length(prompt)
         except (BadRequestError, ValueError) as exc:
             return APIFuture.failed(exc if isinstance(exc, BadRequestError) else BadRequestError(str(exc)))
         return APIFuture(future).map(lambda response: provenance.LOCAL.attach(prompt_length, response))

@@ -55,7 +55,7 @@ def add_routes(routes: Routes, max_num_samples: int) -> None:
             handle = state.sampler(body.sampling_session_id).handle
         else:
             handle = await routes.blocking(lambda: open_handle(body.base_model, body.model_path))
-        prompt_length = body.prompt.length
+        prompt_length = provenance.prompt_length(body.prompt)
         future = backend.sample(handle, body.prompt, body.num_samples, body.sampling_params,
                                 bool(body.prompt_logprobs), body.topk_prompt_logprobs)
         # The ids go out now, with the future; they become usable in provenance spans once the samples exist.
@@ -69,7 +69,7 @@ STABILITY_INFO_REFUSAL = ("it records what the stable_reinforce loss trains on, 
                           "default) and train with ppo, cispo, gspo or importance_sampling")
 
 
-def _recorded(registry: provenance.SequenceRegistry, sequence_ids: list[str], prompt_length: int,
+def _recorded(registry: provenance.SequenceRegistry, sequence_ids: list[str], prompt_length: int | None,
               response: types.SampleResponse) -> types.SampleResponse:
     registry.record(sequence_ids, prompt_length, response)
     return response
