@@ -4,7 +4,7 @@
     python -m recipes.verifiers_rl.train max_steps=2 model_name=tinker-cookbook/tiny-smollm2   # smoke test
     python -m recipes.verifiers_rl.train dataset_builder.vf_env_id=reverse_text   # an installed hub environment
 
-Needs the ``verifiers`` package (``pip install 'tinker-cookbook[verifiers]'``). The recipe is a chz Blueprint of
+Needs the ``verifiers`` package (``pip install 'verifiers==0.1.9.post3'``). The recipe is a chz Blueprint of
 the loop's ``Config`` with the defaults below applied; any field of ``Config`` or of the dataset builder
 (``dataset_builder.<field>``, e.g. ``dataset_builder.vf_env_args``) can be set on the command line. The
 environment runs its own rollouts; the adapter answers its model requests with the policy's samples and rewards

@@ -91,7 +91,7 @@ def test_server_errors_keep_their_class(server_url: str) -> None:
 
 def test_without_the_sdk_the_error_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "tinker", None)  # what `import tinker` sees when the SDK is not installed
-    with pytest.raises(tinker.BadRequestError, match=r"tinker_cookbook\[remote\]"):
+    with pytest.raises(tinker.BadRequestError, match=r"pip install 'tinker==0\.38\.0'"):
         tinker.ServiceClient(base_url="http://127.0.0.1:9")
 
 

@@ -1,4 +1,4 @@
-"""Train on environments written for the ``verifiers`` library (``pip install 'tinker-cookbook[verifiers]'``).
+"""Train on environments written for the ``verifiers`` library (``pip install 'verifiers==0.1.9.post3'``).
 
 A ``verifiers`` environment (``vf.SingleTurnEnv``, ``vf.MultiTurnEnv``, ...) drives its own rollout: it calls an
 OpenAI-style client (``client.chat.completions.create``) whenever it wants the model's next message, and its rubric
@@ -50,7 +50,7 @@ def _verifiers() -> Any:
         import verifiers
     except ImportError as exc:
         raise ConfigurationError("the verifiers adapter needs the 'verifiers' package: "
-                                 "pip install 'tinker-cookbook[verifiers]' (verifiers 0.1.9)") from exc
+                                 "pip install 'verifiers==0.1.9.post3' (the official cookbook's range; later releases need openai<3)") from exc
     return verifiers
 
 
