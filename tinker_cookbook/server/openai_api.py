@@ -11,10 +11,13 @@ renderer's stop sequences and at the request's ``stop`` strings; the reply is pa
 reasoning (Qwen3's ``<think>``) comes back as ``message.reasoning_content``.
 
 Supported: ``n``, ``temperature``, ``top_p``, ``top_k`` (extension), ``max_tokens`` / ``max_completion_tokens``,
-``stop``, ``seed``, ``stream`` (with ``stream_options.include_usage``), and the logprobs of the sampled tokens
-(completions ``logprobs=0``; chat ``logprobs=true`` with ``top_logprobs`` 0 or unset). Known OpenAI fields this
-engine cannot honour (penalties, ``logit_bias``, ``echo``, ``suffix``, ``best_of`` > ``n``, top alternatives of
-logprobs, tools, JSON response formats) get a 400 that says so; unknown fields get a 400 too.
+``stop``, ``seed``, ``stream`` (with ``stream_options.include_usage``), the logprobs of the sampled tokens
+(completions ``logprobs=0``; chat ``logprobs=true`` with ``top_logprobs`` 0 or unset), and tool calling through the
+renderer's tool format (``tools``, ``tool_choice``, ``tool`` messages, ``tool_calls`` both ways). Every other field
+of OpenAI's request schema is accepted too: those that do not change sampling here are ignored and named in the
+reply's ``Warning`` header (``IGNORED`` of each body class); those this engine cannot honour (penalties,
+``logit_bias``, ``echo``, ``suffix``, ``best_of`` > ``n``, top alternatives of logprobs, JSON response formats,
+audio, web search) get a 400 that says so. Fields outside OpenAI's schema get a 400 too.
 
 Streaming samples the whole completion first, then sends it as Server-Sent Events in OpenAI's chunk format.
 """
