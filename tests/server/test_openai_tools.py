@@ -74,7 +74,7 @@ def scripted(backend):
 
 
 def _prompt_text(backend: ScriptedBackend) -> str:
-    return get_tokenizer(MODEL).decode(backend.prompts[-1].to_ints())
+    return str(get_tokenizer(MODEL).decode(backend.prompts[-1].to_ints()))
 
 
 def test_a_returned_message_goes_back_as_it_came(client):
@@ -90,8 +90,10 @@ def test_a_returned_message_goes_back_as_it_came(client):
 
 def test_fields_that_do_not_change_sampling_are_named_in_a_warning_header(client):
     refused = {"role": "assistant", "content": "No.", "refusal": "I cannot help with that.", "annotations": []}
+    parts = {"role": "assistant", "content": [{"type": "text", "text": "No."},
+                                              {"type": "refusal", "refusal": "I cannot."}]}
     raw = client.chat.completions.with_raw_response.create(
-        model=CHATML_MODEL, messages=[USER, refused, USER], max_tokens=3, user="u-1", metadata={"k": "v"},
+        model=CHATML_MODEL, messages=[USER, refused, USER, parts, USER], max_tokens=3, user="u-1", metadata={"k": "v"},
         store=False, service_tier="auto", parallel_tool_calls=False, prompt_cache_key="c", safety_identifier="s",
         stream_options={"include_usage": True, "include_obfuscation": False})
     assert raw.http_response.status_code == 200
@@ -99,7 +101,7 @@ def test_fields_that_do_not_change_sampling_are_named_in_a_warning_header(client
     assert sorted(named) == sorted([
         "user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
         "safety_identifier", "stream_options.include_obfuscation", "messages[1].refusal",
-        "messages[1].annotations"])
+        "messages[1].annotations", "messages[3].content[1]"])
 
 
 def test_completions_name_ignored_fields_too(client):

@@ -215,6 +215,8 @@ def ignored_fields(value: Any, where: str = "") -> list[str]:
     elif isinstance(value, list):
         for i, item in enumerate(value):
             found += ignored_fields(item, f"{where}[{i}]")
+    elif isinstance(value, ContentPartIn) and value.type == "refusal":
+        found.append(where)  # an assistant turn's refusal part, as OpenAI returns them: not text the model saw
     return found
 
 
@@ -614,11 +616,14 @@ def _check_message(i: int, m: ChatMessageIn) -> None:
                                   f"got {call.function.arguments!r:.100}")
 
 
-def _text(i: int, content: str | list[ContentPartIn] | None) -> str:
+def _text(i: int, m: ChatMessageIn) -> str:
+    content = m.content
     if not isinstance(content, list):
         return content or ""
     texts = []
     for j, part in enumerate(content):
+        if part.type == "refusal" and m.role == "assistant":
+            continue  # ignored (named in the Warning header)
         if part.type != "text" or part.text is None:
             raise BadRequestError(
                 f"messages[{i}].content[{j}] has type {part.type!r}: only text parts "
@@ -631,7 +636,7 @@ def _text(i: int, content: str | list[ContentPartIn] | None) -> str:
 def _chat_messages(messages: list[ChatMessageIn]) -> list[renderers.Message]:
     out: list[renderers.Message] = []
     for i, m in enumerate(messages):
-        text = _text(i, m.content)
+        text = _text(i, m)
         role = "system" if m.role == "developer" else m.role  # OpenAI's newer name for the system message
         message = renderers.Message(role=role, content=text)
         if m.reasoning_content is not None:
