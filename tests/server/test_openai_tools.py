@@ -197,3 +197,11 @@ def test_tool_requests_run_end_to_end_on_the_model(client):
                                            max_tokens=8, seed=0)
     assert reply.choices[0].finish_reason in ("tool_calls", "stop", "length")
     assert reply.usage.completion_tokens <= 8
+
+
+def test_a_call_that_does_not_parse_stays_visible_as_text(client, scripted):
+    scripted.script = '<tool_call>\n{"name": "get_weather", "arguments": {"city": </tool_call>'
+    reply = client.chat.completions.create(model=MODEL, messages=[USER], tools=[WEATHER])
+    assert reply.choices[0].message.tool_calls is None
+    assert reply.choices[0].message.content == scripted.script
+    assert reply.choices[0].finish_reason == "stop"

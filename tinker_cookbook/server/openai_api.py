@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tinker_cookbook import model_info, renderers
 from tinker_cookbook.checkpoint_utils import RENDERER_NAME_METADATA_KEY
 from tinker_cookbook.exceptions import ConfigurationError, RendererError
-from tinker_cookbook.renderers.messages import get_tool_calls
+from tinker_cookbook.renderers.messages import get_tool_calls, get_unparsed_tool_calls
 from tinker_cookbook.renderers.stops import cut_at_stop_strings, merge_stop_sequences
 from tinker_cookbook.server.app import ServerLimits, describe_validation_errors, error_response
 from tinker_cookbook.server.json_input import read_json
@@ -691,7 +691,10 @@ class _ToolCallOut:
 def _chat_choice(index: int, seq: types.SampledSequence, stops: list[str], renderer: renderers.Renderer,
                  opening: list[int], tool_calls_allowed: bool) -> _Choice:
     parsed, _termination = renderer.parse_response([*opening, *seq.tokens])
-    text, cut = cut_at_stop_strings(renderers.get_text_content(parsed), stops)
+    # A call block that does not parse (bad JSON, cut off by max_tokens) stays visible as text.
+    unparsed = [c.raw_text for c in get_unparsed_tool_calls(parsed)]
+    text, cut = cut_at_stop_strings("\n".join([renderers.get_text_content(parsed), *unparsed]).strip("\n")
+                                    if unparsed else renderers.get_text_content(parsed), stops)
     finish = "stop" if cut or seq.stop_reason == "stop" else "length"
     calls = [_ToolCallOut(id=c.id or f"call_{uuid.uuid4().hex[:24]}", name=c.function.name,
                           arguments=c.function.arguments)
