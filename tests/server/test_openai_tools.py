@@ -175,6 +175,27 @@ def test_a_named_tool_choice_opens_the_reply_with_that_call(client, scripted):
     assert reply.choices[0].finish_reason == "tool_calls"
 
 
+@pytest.mark.parametrize(("renderer", "before_call"), [
+    ("qwen3_disable_thinking", "<think>\n\n</think>\n\n"),  # the prompt's own empty block, not a second one
+    ("qwen3_instruct", ""),  # no reasoning framing at all
+])
+def test_required_tool_choice_opens_the_call_in_each_qwen3_format(client, scripted, renderer, before_call):
+    scripted.script = 'get_weather", "arguments": {"city": "Lima"}}\n</tool_call>'
+    reply = client.chat.completions.create(model=MODEL, messages=[USER], tools=[WEATHER], tool_choice="required",
+                                           extra_body={"renderer": renderer})
+    assert _prompt_text(scripted).endswith(
+        f'<|im_start|>assistant\n{before_call}<tool_call>\n{{"name": "')
+    [call] = reply.choices[0].message.tool_calls
+    assert json.loads(call.function.arguments) == {"city": "Lima"}
+
+
+def test_a_streamed_reply_names_ignored_fields_too(client):
+    with client.chat.completions.with_streaming_response.create(
+            model=CHATML_MODEL, messages=[USER], max_tokens=2, stream=True, user="u") as response:
+        assert "user" in response.headers["warning"]
+        assert list(response.iter_lines())
+
+
 def test_tool_choice_none_hides_the_tools(client, scripted):
     scripted.script = "Sunny."
     reply = client.chat.completions.create(model=MODEL, messages=[USER], tools=[WEATHER], tool_choice="none")
