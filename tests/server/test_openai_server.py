@@ -172,7 +172,7 @@ def test_sampler_checkpoint_by_tinker_path(client, service):
         ({"logprobs": True, "top_logprobs": 2}, "top_logprobs=2 is not supported"),
         ({"temperature": -1}, "temperature"),
         ({"extra_body": {"colour": "red"}}, "colour: unknown field"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools="),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "no tool-calling format"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
          "only text parts"),
         ({"max_tokens": 10**6}, "exceeds the context window"),

@@ -241,6 +241,14 @@ class Renderer(abc.ABC):
             f"{type(self).__name__} has no tool-calling format; use a qwen3 renderer for tool use"
         )
 
+    def tool_call_prefix(self, name: str | None = None) -> str:
+        """The text that opens an assistant reply with a tool call (to ``name`` when given): a sampler prefilled
+        with it must call a tool, which is how a server honours OpenAI's ``tool_choice`` "required" or a named
+        function. The reply is parsed from this text plus the sampled tokens."""
+        raise RendererError(
+            f"{type(self).__name__} has no tool-calling format; use a qwen3 renderer for tool use"
+        )
+
     def to_openai_message(self, message: Message) -> dict[str, Any]:
         """``message`` as an OpenAI / Hugging Face chat-template dict (text content, ``tool_calls`` as dicts)."""
         out: dict[str, Any] = {"role": message["role"], "content": get_text_content(message)}

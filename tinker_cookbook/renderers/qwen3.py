@@ -191,6 +191,11 @@ class Qwen3Renderer(ChatMLRenderer):
         prefix = f"{system_prompt}\n\n" if system_prompt else ""
         return [{"role": "system", "content": prefix + _TOOLS_PREAMBLE + lines + _TOOLS_POSTAMBLE}]
 
+    def tool_call_prefix(self, name: str | None = None) -> str:
+        # A reply that calls a tool at once skips reasoning: the empty think block the template writes for it.
+        start = "" if self.disables_thinking else EMPTY_THINKING_BLOCK
+        return start + '<tool_call>\n{"name": "' + (f'{name}", "arguments": ' if name else "")
+
     # -- parsing ---------------------------------------------------------------------------------------------
 
     def parse_response(self, response: Sequence[int]) -> tuple[Message, ParseTermination]:

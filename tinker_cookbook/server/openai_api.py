@@ -11,10 +11,13 @@ renderer's stop sequences and at the request's ``stop`` strings; the reply is pa
 reasoning (Qwen3's ``<think>``) comes back as ``message.reasoning_content``.
 
 Supported: ``n``, ``temperature``, ``top_p``, ``top_k`` (extension), ``max_tokens`` / ``max_completion_tokens``,
-``stop``, ``seed``, ``stream`` (with ``stream_options.include_usage``), and the logprobs of the sampled tokens
-(completions ``logprobs=0``; chat ``logprobs=true`` with ``top_logprobs`` 0 or unset). Known OpenAI fields this
-engine cannot honour (penalties, ``logit_bias``, ``echo``, ``suffix``, ``best_of`` > ``n``, top alternatives of
-logprobs, tools, JSON response formats) get a 400 that says so; unknown fields get a 400 too.
+``stop``, ``seed``, ``stream`` (with ``stream_options.include_usage``), the logprobs of the sampled tokens
+(completions ``logprobs=0``; chat ``logprobs=true`` with ``top_logprobs`` 0 or unset), and tool calling through the
+renderer's tool format (``tools``, ``tool_choice``, ``tool`` messages, ``tool_calls`` both ways). Every other field
+of OpenAI's request schema is accepted too: those that do not change sampling here are ignored and named in the
+reply's ``Warning`` header (``IGNORED`` of each body class); those this engine cannot honour (penalties,
+``logit_bias``, ``echo``, ``suffix``, ``best_of`` > ``n``, top alternatives of logprobs, JSON response formats,
+audio, web search) get a 400 that says so. Fields outside OpenAI's schema get a 400 too.
 
 Streaming samples the whole completion first, then sends it as Server-Sent Events in OpenAI's chunk format.
 """
@@ -29,7 +32,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -38,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tinker_cookbook import model_info, renderers
 from tinker_cookbook.checkpoint_utils import RENDERER_NAME_METADATA_KEY
 from tinker_cookbook.exceptions import ConfigurationError, RendererError
+from tinker_cookbook.renderers.messages import get_tool_calls, get_unparsed_tool_calls
 from tinker_cookbook.renderers.stops import cut_at_stop_strings, merge_stop_sequences
 from tinker_cookbook.server.app import ServerLimits, describe_validation_errors, error_response
 from tinker_cookbook.server.json_input import read_json
@@ -63,9 +67,16 @@ class _Strict(BaseModel):
     # strict: no coercion, so n="2", max_tokens=true or logprobs="true" are refused rather than guessed at.
     model_config = ConfigDict(extra="forbid", strict=True)
 
+    IGNORED: ClassVar[frozenset[str]] = frozenset()
+    """Fields of OpenAI's schema that do not change sampling here: accepted (type-checked), then ignored and
+    named in the reply's ``Warning`` header when they hold a value."""
+
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    include_obfuscation: bool | None = None
+
+    IGNORED = frozenset({"include_obfuscation"})
 
 
 class _SamplingRequest(_Strict):
@@ -79,10 +90,12 @@ class _SamplingRequest(_Strict):
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None  # accepted for compatibility; not used
+    user: str | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
+
+    IGNORED = frozenset({"user"})
 
 
 class CompletionRequest(_SamplingRequest):
@@ -99,10 +112,57 @@ class ContentPartIn(BaseModel):
     text: str | None = None
 
 
+TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
+"""OpenAI's rule for function names (it also keeps them safe to write into a renderer's tool-call format)."""
+
+
+class FunctionCallIn(_Strict):
+    name: str = Field(pattern=TOOL_NAME)
+    arguments: str
+
+
+class ToolCallIn(_Strict):
+    id: str
+    type: Literal["function"]
+    function: FunctionCallIn
+
+
 class ChatMessageIn(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPartIn] | None = None
-    name: str | None = None  # accepted for compatibility; the renderers have no speaker names
+    name: str | None = None  # the renderers have no speaker names
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None  # what this server returns: sent back, it is the turn's reasoning
+    refusal: str | None = None
+    annotations: list[dict[str, Any]] | None = None
+    audio: dict[str, Any] | None = None
+    function_call: dict[str, Any] | None = None
+
+    IGNORED = frozenset({"name", "refusal", "annotations"})
+
+
+class FunctionIn(_Strict):
+    name: str = Field(pattern=TOOL_NAME)
+    description: str = ""
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    IGNORED = frozenset({"strict"})
+
+
+class ToolIn(_Strict):
+    type: Literal["function"]
+    function: FunctionIn
+
+
+class NamedFunction(_Strict):
+    name: str = Field(pattern=TOOL_NAME)
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatRequest(_SamplingRequest):
@@ -112,9 +172,60 @@ class ChatRequest(_SamplingRequest):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     renderer: str | None = Field(None, description="extension: a renderer name instead of the model's default")
     response_format: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ToolIn] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    # The rest of OpenAI's schema: ignored (IGNORED) or refused with a reason (_check_chat).
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    safety_identifier: str | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    prediction: dict[str, Any] | None = None
+    moderation: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+
+    IGNORED = frozenset({
+        "user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
+        "prompt_cache_retention", "prompt_cache_options", "safety_identifier", "reasoning_effort", "verbosity",
+        "prediction", "moderation",
+    })
+
+
+def ignored_fields(value: Any, where: str = "") -> list[str]:
+    """Where ``value`` (a parsed body) sets fields that are accepted but ignored, as ``messages[1].refusal``."""
+    found: list[str] = []
+    if isinstance(value, _Strict):
+        for name in sorted(value.model_fields_set):
+            path = f"{where}.{name}" if where else name
+            if getattr(value, name) is None:
+                continue  # a null asks for nothing, so ignoring it changes nothing
+            if name in value.IGNORED:
+                found.append(path)
+            else:
+                found += ignored_fields(getattr(value, name), path)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found += ignored_fields(item, f"{where}[{i}]")
+    elif isinstance(value, ContentPartIn) and value.type == "refusal":
+        found.append(where)  # an assistant turn's refusal part, as OpenAI returns them: not text the model saw
+    return found
+
+
+def warning_headers(req: _Strict) -> dict[str, str]:
+    """A ``Warning`` header naming the ignored fields the request set (none when it set none)."""
+    names = ignored_fields(req)
+    if not names:
+        return {}
+    return {"Warning": f'299 {OWNER} "ignored, as they do not change sampling here: {", ".join(names)}"'}
 
 
 def _parse(model: type[_SamplingRequest], raw: bytes) -> Any:
@@ -177,16 +288,21 @@ class ServedModel:
     stored_renderer: str | None
     built_renderers: dict[str, renderers.Renderer] = field(default_factory=dict)
 
-    def renderer(self, requested: str | None) -> renderers.Renderer:
+    def renderer_name(self, requested: str | None) -> str:
+        """The renderer a request gets: the one it names, else the checkpoint's, else the model's default."""
         name = requested or self.stored_renderer
-        if name is None:
-            try:
-                name = model_info.get_recommended_renderer_name(self.base_model)
-            except ConfigurationError as exc:
-                raise BadRequestError(
-                    f"no default renderer for {self.base_model!r}: pass one as the body field 'renderer' "
-                    f"(one of {renderers.get_registered_renderer_names()})"
-                ) from exc
+        if name is not None:
+            return name
+        try:
+            return model_info.get_recommended_renderer_name(self.base_model)
+        except ConfigurationError as exc:
+            raise BadRequestError(
+                f"no default renderer for {self.base_model!r}: pass one as the body field 'renderer' "
+                f"(one of {renderers.get_registered_renderer_names()})"
+            ) from exc
+
+    def renderer(self, requested: str | None) -> renderers.Renderer:
+        name = self.renderer_name(requested)
         if name not in self.built_renderers:
             try:
                 self.built_renderers[name] = renderers.get_renderer(name, self.tokenizer, model_name=self.base_model)
@@ -303,6 +419,7 @@ class _Choice:
     """The sampled tokens the text comes from (for logprobs)."""
     logprobs: list[float]
     reasoning: str | None = None
+    tool_calls: list[_ToolCallOut] = field(default_factory=list)
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -387,6 +504,7 @@ async def completions(request: Request, backend: Backend[Any], registry: ModelRe
     req: CompletionRequest = _parse(CompletionRequest, await request.body())
     _check_completion(req)
     stops = _check_common(req, _prompt_count(req.prompt), limits)
+    headers = warning_headers(req)
     served = await registry.get(req.model)
     prompts = _completion_prompts(req.prompt, served.tokenizer)
     max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
@@ -405,7 +523,7 @@ async def completions(request: Request, backend: Backend[Any], registry: ModelRe
     if not req.stream:
         return JSONResponse({**head, "choices": [
             {"index": c.index, "text": c.text, "logprobs": logprobs(c), "finish_reason": c.finish_reason}
-            for c in choices], "usage": usage})
+            for c in choices], "usage": usage}, headers=headers)
 
     async def events() -> AsyncIterator[bytes]:
         for c in choices:
@@ -419,7 +537,7 @@ async def completions(request: Request, backend: Backend[Any], registry: ModelRe
             yield _sse({**head, "choices": [], "usage": usage})
         yield b"data: [DONE]\n\n"
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers=_SSE_HEADERS)
+    return StreamingResponse(events(), media_type="text/event-stream", headers={**_SSE_HEADERS, **headers})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -427,52 +545,168 @@ async def completions(request: Request, backend: Backend[Any], registry: ModelRe
 # ---------------------------------------------------------------------------------------------------------
 
 
+JSON_FORMATS = ("json_object", "json_schema")
+
+
 def _check_chat(req: ChatRequest) -> None:
-    if req.tools:
-        raise _unsupported("tools", f"[{len(req.tools)} tools]", "tool calling is not served over the OpenAI "
-                           "routes yet; remove tools")
-    if req.tool_choice not in (None, "none", "auto"):
-        raise _unsupported("tool_choice", req.tool_choice, "there are no tools to call; remove it")
     if req.response_format is not None and req.response_format.get("type") != "text":
-        raise _unsupported("response_format", req.response_format, "only {'type': 'text'} is supported")
+        kind = req.response_format.get("type")
+        why = ("this server has no constrained decoding, so it cannot guarantee JSON; ask for JSON in the "
+               "messages and parse the reply, or remove response_format" if kind in JSON_FORMATS
+               else "only {'type': 'text'} is supported")
+        raise _unsupported("response_format", {"type": kind}, why)
+    if req.functions is not None or req.function_call is not None:
+        name = "functions" if req.functions is not None else "function_call"
+        raise BadRequestError(f"{name} is OpenAI's deprecated form of tool calling; send tools and tool_choice")
+    if req.audio is not None or (req.modalities is not None and req.modalities != ["text"]):
+        raise _unsupported("modalities" if req.audio is None else "audio", req.modalities or req.audio,
+                           "this server answers with text only; remove it or send modalities=['text']")
+    if req.web_search_options is not None:
+        raise _unsupported("web_search_options", req.web_search_options, "this server has no web search")
     if req.top_logprobs and not req.logprobs:
         raise BadRequestError("top_logprobs needs logprobs=true")
     if req.top_logprobs:
         raise _unsupported("top_logprobs", req.top_logprobs, "the local sampler reports the sampled tokens' "
                            "logprobs but not the top alternatives; use logprobs=true with top_logprobs=0")
+    _check_tool_choice(req)
+    for i, m in enumerate(req.messages):
+        _check_message(i, m)
+
+
+def _check_tool_choice(req: ChatRequest) -> None:
+    choice = req.tool_choice
+    if isinstance(choice, dict):  # not one of the shapes served: name its type
+        raise _unsupported("tool_choice", choice, "only 'none', 'auto', 'required' or "
+                           "{'type': 'function', 'function': {'name': ...}} are supported")
+    if choice in ("required", None, "none", "auto") and (choice != "required" or req.tools):
+        return
+    if not req.tools:
+        raise BadRequestError(f"tool_choice={_choice_repr(choice)} needs tools; declare the functions in tools")
+    names = [t.function.name for t in req.tools]
+    if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+        raise BadRequestError(f"tool_choice names the function {choice.function.name!r}, which is not in tools "
+                              f"({names})")
+
+
+def _choice_repr(choice: Any) -> str:
+    return repr(choice.model_dump() if isinstance(choice, BaseModel) else choice)
+
+
+def _check_message(i: int, m: ChatMessageIn) -> None:
+    where = f"messages[{i}]"
+    if m.role != "assistant":
+        for name in ("tool_calls", "reasoning_content", "refusal", "annotations", "audio", "function_call"):
+            if getattr(m, name) is not None:
+                raise BadRequestError(f"{where}.{name} is only allowed on assistant messages (role is {m.role!r})")
+    if m.role == "tool" and m.tool_call_id is None:
+        raise BadRequestError(f"{where} is a tool message without tool_call_id; give the id of the call it answers")
+    if m.role != "tool" and m.tool_call_id is not None:
+        raise BadRequestError(f"{where}.tool_call_id is only allowed on tool messages (role is {m.role!r})")
+    if m.audio is not None or m.function_call is not None:
+        name = "audio" if m.audio is not None else "function_call"
+        raise _unsupported(f"{where}.{name}", getattr(m, name), "this server has no audio and no deprecated "
+                           "function_call turns; send text content and tool_calls")
+    for j, call in enumerate(m.tool_calls or []):
+        try:
+            arguments = json.loads(call.function.arguments)
+        except ValueError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            raise BadRequestError(f"{where}.tool_calls[{j}].function.arguments must be a JSON object string, "
+                                  f"got {call.function.arguments!r:.100}")
+
+
+def _text(i: int, m: ChatMessageIn) -> str:
+    content = m.content
+    if not isinstance(content, list):
+        return content or ""
+    texts = []
+    for j, part in enumerate(content):
+        if part.type == "refusal" and m.role == "assistant":
+            continue  # ignored (named in the Warning header)
+        if part.type != "text" or part.text is None:
+            raise BadRequestError(
+                f"messages[{i}].content[{j}] has type {part.type!r}: only text parts "
+                "({'type': 'text', 'text': ...}) are supported"
+            )
+        texts.append(part.text)
+    return "".join(texts)
 
 
 def _chat_messages(messages: list[ChatMessageIn]) -> list[renderers.Message]:
     out: list[renderers.Message] = []
     for i, m in enumerate(messages):
-        if isinstance(m.content, list):
-            texts = []
-            for j, part in enumerate(m.content):
-                if part.type != "text" or part.text is None:
-                    raise BadRequestError(
-                        f"messages[{i}].content[{j}] has type {part.type!r}: only text parts "
-                        "({'type': 'text', 'text': ...}) are supported"
-                    )
-                texts.append(part.text)
-            content = "".join(texts)
-        else:
-            content = m.content or ""
+        text = _text(i, m)
         role = "system" if m.role == "developer" else m.role  # OpenAI's newer name for the system message
-        out.append(renderers.Message(role=role, content=content))
+        message = renderers.Message(role=role, content=text)
+        if m.reasoning_content is not None:
+            message["content"] = [renderers.ThinkingPart(type="thinking", thinking=m.reasoning_content),
+                                  renderers.TextPart(type="text", text=text)]
+        if m.tool_calls:
+            message["tool_calls"] = [
+                renderers.ToolCall(id=c.id, function=renderers.FunctionBody(name=c.function.name,
+                                                                            arguments=c.function.arguments))
+                for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        out.append(message)
     return out
 
 
-def _chat_choice(index: int, seq: types.SampledSequence, stops: list[str], renderer: renderers.Renderer
-                 ) -> _Choice:
-    parsed, _termination = renderer.parse_response(list(seq.tokens))
-    text, cut = cut_at_stop_strings(renderers.get_text_content(parsed), stops)
+def _with_tools(req: ChatRequest, messages: list[renderers.Message], renderer: renderers.Renderer,
+                renderer_name: str) -> tuple[list[renderers.Message], str]:
+    """The conversation with ``tools`` declared as the renderer does it, and the text that must open the reply
+    ("" unless ``tool_choice`` is "required" or names a function)."""
+    if not req.tools or req.tool_choice == "none":
+        return messages, ""  # "none": the model is not shown the tools, so it answers in text
+    specs = [renderers.ToolSpec(name=t.function.name, description=t.function.description,
+                                parameters=t.function.parameters or {"type": "object", "properties": {}})
+             for t in req.tools]
+    system = ""
+    if messages and messages[0]["role"] == "system":  # the declaration goes after the system prompt, in one turn
+        system, messages = renderers.get_text_content(messages[0]), messages[1:]
+    forced = req.tool_choice.function.name if isinstance(req.tool_choice, NamedToolChoice) else None
+    try:
+        prefix = renderer.create_conversation_prefix_with_tools(specs, system)
+        opening = renderer.tool_call_prefix(forced) if req.tool_choice == "required" or forced else ""
+    except RendererError as exc:
+        raise BadRequestError(f"tools: model {req.model!r} is served with the renderer {renderer_name!r}, "
+                              f"which has no tool-calling format ({exc}); pass a renderer with one "
+                              "(extra body field 'renderer', e.g. 'qwen3') or remove tools") from None
+    return [*prefix, *messages], opening
+
+
+@dataclass
+class _ToolCallOut:
+    id: str
+    name: str
+    arguments: str
+
+    def as_json(self, index: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "type": "function",
+                               "function": {"name": self.name, "arguments": self.arguments}}
+        return out if index is None else {"index": index, **out}
+
+
+def _chat_choice(index: int, seq: types.SampledSequence, stops: list[str], renderer: renderers.Renderer,
+                 opening: list[int], tool_calls_allowed: bool) -> _Choice:
+    parsed, _termination = renderer.parse_response([*opening, *seq.tokens])
+    # A call block that does not parse (bad JSON, cut off by max_tokens) stays visible as text.
+    unparsed = [c.raw_text for c in get_unparsed_tool_calls(parsed)]
+    text, cut = cut_at_stop_strings("\n".join([renderers.get_text_content(parsed), *unparsed]).strip("\n")
+                                    if unparsed else renderers.get_text_content(parsed), stops)
     finish = "stop" if cut or seq.stop_reason == "stop" else "length"
+    calls = [_ToolCallOut(id=c.id or f"call_{uuid.uuid4().hex[:24]}", name=c.function.name,
+                          arguments=c.function.arguments)
+             for c in get_tool_calls(parsed)] if tool_calls_allowed and not cut else []
+    if calls and finish == "stop":
+        finish = "tool_calls"
     content_tokens = list(seq.tokens)
     if seq.stop_reason == "stop" and content_tokens:
         content_tokens = content_tokens[:-1]  # the stop token, or the one that completed a stop string
     return _Choice(index=index, text=text, finish_reason=finish, tokens=content_tokens,
                    logprobs=list(seq.logprobs or [])[:len(content_tokens)],
-                   reasoning=renderers.get_thinking_content(parsed))
+                   reasoning=renderers.get_thinking_content(parsed), tool_calls=calls)
 
 
 def _chat_logprobs(choice: _Choice, tokenizer: Any) -> dict[str, Any]:
@@ -486,16 +720,24 @@ async def chat_completions(request: Request, backend: Backend[Any], registry: Mo
     req: ChatRequest = _parse(ChatRequest, await request.body())
     _check_chat(req)
     stops = _check_common(req, 1, limits)
+    headers = warning_headers(req)
     served = await registry.get(req.model)
+    renderer_name = served.renderer_name(req.renderer)
     renderer = served.renderer(req.renderer)
+    messages, opening_text = _with_tools(req, _chat_messages(req.messages), renderer, renderer_name)
     try:
-        prompt = renderer.build_generation_prompt(_chat_messages(req.messages))
+        prompt = renderer.build_generation_prompt(messages)
     except RendererError as exc:
-        raise BadRequestError(f"messages cannot be rendered with {type(renderer).__name__}: {exc}") from None
+        raise BadRequestError(f"messages cannot be rendered for model {req.model!r} with the renderer "
+                              f"{renderer_name!r} ({type(renderer).__name__}): {exc}") from None
+    opening = renderer.encode(opening_text)  # a forced tool call: the reply starts with it
+    if opening:
+        prompt = prompt.append(types.EncodedTextChunk(tokens=opening))
     stop = merge_stop_sequences(renderer.get_stop_sequences(), stops, served.tokenizer)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     response = await _sample(backend, served, prompt, req.n, _sampling_params(req, max_tokens, stop))
-    choices = [_chat_choice(j, seq, stops, renderer) for j, seq in enumerate(response.sequences)]
+    choices = [_chat_choice(j, seq, stops, renderer, opening, req.tool_choice != "none")
+               for j, seq in enumerate(response.sequences)]
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": req.model}
     usage = _usage(prompt.length, sum(len(seq.tokens) for seq in response.sequences))
 
@@ -506,12 +748,14 @@ async def chat_completions(request: Request, backend: Backend[Any], registry: Mo
         out: dict[str, Any] = {"role": "assistant", "content": choice.text}
         if choice.reasoning is not None:
             out["reasoning_content"] = choice.reasoning
+        if choice.tool_calls:
+            out["tool_calls"] = [call.as_json() for call in choice.tool_calls]
         return out
 
     if not req.stream:
         return JSONResponse({**head, "object": "chat.completion", "choices": [
             {"index": c.index, "message": message(c), "logprobs": logprobs(c), "finish_reason": c.finish_reason}
-            for c in choices], "usage": usage})
+            for c in choices], "usage": usage}, headers=headers)
 
     chunk_head = {**head, "object": "chat.completion.chunk"}
 
@@ -526,12 +770,14 @@ async def chat_completions(request: Request, backend: Backend[Any], registry: Mo
                 yield chunk(c.index, {"reasoning_content": piece})
             for piece in _stream_pieces(c.text):
                 yield chunk(c.index, {"content": piece})
+            if c.tool_calls:
+                yield chunk(c.index, {"tool_calls": [call.as_json(k) for k, call in enumerate(c.tool_calls)]})
             yield chunk(c.index, {}, c.finish_reason)
         if req.stream_options and req.stream_options.include_usage:
             yield _sse({**chunk_head, "choices": [], "usage": usage})
         yield b"data: [DONE]\n\n"
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers=_SSE_HEADERS)
+    return StreamingResponse(events(), media_type="text/event-stream", headers={**_SSE_HEADERS, **headers})
 
 
 # ---------------------------------------------------------------------------------------------------------
