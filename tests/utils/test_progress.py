@@ -41,6 +41,17 @@ def test_lines_mode_prints_one_line_per_step_with_eta_and_throughput():
     assert len(lines) == 5
 
 
+def test_rl_throughput_counts_the_batch_sampled_tokens_not_the_mean_per_turn():
+    clock, out = _Clock(), io.StringIO()
+    with RunProgress("lines", start_step=0, end_step=2, total_steps=2, name="rl", stream=out, clock=clock) as prog:
+        for step in range(2):
+            clock.now += 4.0
+            prog.log_metrics({"env/all/ac_tokens_per_turn": 8.0, "env/all/total_ac_tokens": 400.0,
+                              "env/all/reward/total": 0.5}, step=step)
+    # 400 sampled tokens per 4 s step = 100 tok/s (the per-turn mean, 8, would show 2 tok/s).
+    assert out.getvalue().splitlines()[1] == "rl step 2/2 100% | 4.00 s/step | ETA 0s | 100 tok/s | env/all/reward/total=0.5"
+
+
 def test_phase_marks_the_open_display_and_is_a_no_op_without_one():
     with progress.phase("sampling"):  # no run open: nothing to mark, no error
         assert progress.current() is None

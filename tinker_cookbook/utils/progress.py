@@ -35,8 +35,9 @@ HEADLINE_KEYS = (
     "train_mean_nll", "dpo_loss", "env/all/reward/total", "reward/total", "test/nll", "test/dpo_loss",
     "test/env/all/reward/total",
 )
-# Token counts that make a throughput, in the order they are looked for.
-TOKEN_KEYS = ("num_tokens", "env/all/ac_tokens_per_turn")
+# Tokens a step handled, for the throughput, in the order they are looked for: SL/DPO's trained tokens, RL's
+# sampled tokens of the whole batch (a per-turn mean would understate it by the number of turns).
+TOKEN_KEYS = ("num_tokens", "env/all/total_ac_tokens")
 
 _current: contextvars.ContextVar[RunProgress | None] = contextvars.ContextVar("tinker_cookbook_progress", default=None)
 
