@@ -21,7 +21,7 @@ from tinker_cookbook.rl.multiturn.guess_number import (
     GuessNumberEnv,
     parse_number_guess,
 )
-from tinker_cookbook.rl.multiturn.message_env import EnvFromMessageEnv, renderer_for
+from tinker_cookbook.rl.multiturn.message_env import EnvFromMessageEnv
 from tinker_cookbook.rl.multiturn.twenty_questions import (
     ANSWERER_PROMPT,
     TwentyQuestionsDataset,
@@ -36,16 +36,10 @@ from tinker_cookbook.rl.multiturn.twenty_questions import (
 from tinker_cookbook.rl.rollouts import do_group_rollout, do_single_rollout
 from tinker_cookbook.rl.types import Trajectory
 
-SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"  # only its (packaged) tokenizer is used here
-
 
 def run(coro):
     return asyncio.run(coro)
 
-
-@pytest.fixture(scope="module")
-def chatml():
-    return renderer_for(SMOLLM2)
 
 
 class TextPolicy(TokenCompleter):

@@ -11,7 +11,6 @@ import pytest
 from recipes.rubric import generate_data
 from tinker_cookbook.completers import MessageCompleter
 from tinker_cookbook.exceptions import DataError
-from tinker_cookbook.rl.multiturn.message_env import renderer_for
 from tinker_cookbook.rl.rubric import (
     EXAMPLE_DATA,
     Rubric,
@@ -23,7 +22,6 @@ from tinker_cookbook.rl.rubric import (
     weighted_sum,
 )
 
-SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"  # only its (packaged) tokenizer is used here
 POINT = RubricBasedDatapoint(
     convo=[{"role": "user", "content": "List three facts about tea."}],
     rubric_items=[Rubric("Gives exactly three items.", 0.5), Rubric("Every item is about tea.", 0.3),
@@ -83,10 +81,6 @@ def test_the_grader_sees_conversation_reply_and_numbered_criteria():
 
 # -- the env ------------------------------------------------------------------------------------------------
 
-
-@pytest.fixture(scope="module")
-def chatml():
-    return renderer_for(SMOLLM2)
 
 
 def _reply(chatml, text: str) -> list[int]:

@@ -12,7 +12,6 @@ import pytest
 from tinker_cookbook import tinker
 from tinker_cookbook.completers import MessageCompleter, StopCondition, TokenCompleter, TokensWithLogprobs
 from tinker_cookbook.rl.metric_util import compute_trajectory_metrics
-from tinker_cookbook.rl.multiturn.message_env import renderer_for
 from tinker_cookbook.rl.multiturn.text_arena import (
     ILLEGAL_MOVE_REWARD,
     RandomOpponent,
@@ -27,13 +26,10 @@ from tinker_cookbook.rl.rollouts import do_group_rollout
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"  # only its (packaged) tokenizer is used here
 
 
+
 def run(coro):
     return asyncio.run(coro)
 
-
-@pytest.fixture(scope="module")
-def chatml():
-    return renderer_for(SMOLLM2)
 
 
 class SeatScript(TokenCompleter):

@@ -15,7 +15,6 @@ from datasets import Dataset  # noqa: E402
 from recipes.verifiers_rl.example_env import correct_sum, load_environment  # noqa: E402
 from tinker_cookbook import tinker  # noqa: E402
 from tinker_cookbook.completers import StopCondition, TokenCompleter, TokensWithLogprobs  # noqa: E402
-from tinker_cookbook.rl.multiturn.message_env import renderer_for  # noqa: E402
 from tinker_cookbook.rl.rollouts import do_group_rollout  # noqa: E402
 from tinker_cookbook.rl.verifiers_env import (  # noqa: E402
     VerifiersEnvGroupBuilder,
@@ -26,13 +25,10 @@ from tinker_cookbook.rl.verifiers_env import (  # noqa: E402
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"  # only its (packaged) tokenizer is used here
 
 
+
 def run(coro):
     return asyncio.run(coro)
 
-
-@pytest.fixture(scope="module")
-def chatml():
-    return renderer_for(SMOLLM2)
 
 
 class Replies(TokenCompleter):
