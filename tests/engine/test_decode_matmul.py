@@ -21,7 +21,9 @@ from tinker_cookbook.engine.sampling.weights import SamplingWeights
 from tinker_cookbook.tinker import types
 
 # (out, in): whole blocks of 64 outputs, a partial last block, an input count oneDNN pads, a single block.
-SHAPES = [(192, 64), (100, 70), (33, 17), (64, 48)]
+# oneDNN picks its blocking per shape and CPU: on AVX2-only CPUs it lays out e.g. 192 outputs in blocks of another
+# width, which the kernel rightly refuses (blocked None, oneDNN computes); these shapes get 64-blocks on both kinds.
+SHAPES = [(256, 64), (100, 70), (33, 17), (64, 48)]
 
 
 @pytest.fixture(autouse=True)
@@ -78,6 +80,8 @@ def test_every_row_count_and_thread_count_matches_float64(
     weight = torch.randn(out_features, in_features, generator=generator)
     bias = torch.randn(out_features, generator=generator) if with_bias else None
     linear = Linear.of(weight, bias)
+    if linear.blocked is None and decode_kernel._shape_stride(out_features, in_features) is None:
+        pytest.skip(f"oneDNN packs {out_features}x{in_features} in another layout on this CPU (the kernel is unused)")
     assert linear.blocked is not None, "oneDNN's packed fp32 layout was not recognised"
     for rows in [*range(1, 18), 31, 64, decode_kernel.MATMUL_MAX_ROWS]:
         x = torch.randn(rows, in_features, generator=generator)

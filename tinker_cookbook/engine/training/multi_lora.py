@@ -59,16 +59,21 @@ def add_fused(layer: Any, name: str, x: torch.Tensor, output: torch.Tensor) -> t
     if x.dtype != lora_a.weight.dtype:
         x = x.to(lora_a.weight.dtype)
     low = lora_a(x) * layer.scaling[name]
+    weight_b = lora_b.weight.t()
+    if weight_b.dtype != low.dtype:
+        # Under autocast (bf16 mode where the CPU cannot pack bf16 weights) A's output is bf16 while B stays fp32;
+        # the in-place addmm below is not an autocast op, so it needs the operands in one dtype.
+        weight_b = weight_b.to(low.dtype)
     if output.dtype == low.dtype and output.is_contiguous():
         # In place: this runs as the layer's forward hook, so nothing has used the base output yet, and no backward
         # needs it (a Linear's saves its input and weight); an out-of-place addmm would copy the full-width output.
         # Through an alias that autograd does not track as a view (as matmul's own reshapes): an in-place op on a
         # view would make the backward copy the whole gradient (CopySlices).
         flat = torch.ops.aten._unsafe_view(output, (-1, output.shape[-1]))
-        flat.addmm_(low.reshape(-1, low.shape[-1]), lora_b.weight.t())
+        flat.addmm_(low.reshape(-1, low.shape[-1]), weight_b)
         return torch.ops.aten._unsafe_view(flat, output.shape)
     flat = torch.addmm(output.reshape(-1, output.shape[-1]).to(low.dtype), low.reshape(-1, low.shape[-1]),
-                       lora_b.weight.t())
+                       weight_b)
     return flat.view(output.shape).to(output.dtype)
 
 
