@@ -13,9 +13,9 @@ groups of every dataset; ``teacher_kl/dataset_<k>`` is the k-th dataset's (in th
 
 Offline default: the student SmolLM2-135M-Instruct learns the contact-card task from its ``recipes.sl_basic``
 fine-tune (trained first when not there yet, as in ``on_policy_distillation``) while the untrained base model grades
-its replies to short instructions (``example-data/preferences`` prompts), which keeps it from drifting there:
-``teacher_kl/dataset_0`` falls while ``teacher_kl/dataset_1`` stays near 0. The other keys are those of
-``on_policy_distillation``.
+its replies to short instructions (``example-data/preferences`` prompts), which pulls it back towards the base
+model's behaviour there: ``teacher_kl/dataset_1`` (0 at the start) shows how far it drifts. The other keys are
+those of ``on_policy_distillation``.
 """
 
 from __future__ import annotations
