@@ -10,6 +10,7 @@ import chz
 import pytest
 
 from recipes.distillation import off_policy_reasoning, on_policy_distillation, on_policy_multi_teacher
+from recipes.distillation import teacher as offline_teacher
 from tinker_cookbook.exceptions import ConfigurationError
 
 TINY = "tinker-cookbook/tiny-smollm2"
@@ -52,3 +53,13 @@ def test_off_policy_writes_teacher_data_then_fine_tunes_on_it(tmp_path):
     rows = [json.loads(line) for line in data.read_text().splitlines()]
     assert len(rows) == 4 and {r["teacher"] for r in rows} == {TINY}
     assert [r["step"] for r in _rows(tmp_path / "run") if "train_mean_nll" in r] == [0]
+
+
+@pytest.mark.slow  # a whole sl_basic run on the tiny model: about 50 s on a busy 2-core machine
+def test_the_default_teacher_is_trained_once_then_reused(tmp_path, monkeypatch):
+    monkeypatch.setattr(offline_teacher, "teacher_log_path", lambda: str(tmp_path / "teacher"))
+    first = asyncio.run(offline_teacher.default_teacher_checkpoint(TINY, "off"))
+    assert first.endswith("/sampler_weights/final")
+    rows = (tmp_path / "teacher" / "metrics.jsonl").read_text()
+    assert asyncio.run(offline_teacher.default_teacher_checkpoint(TINY, "off")) == first  # the finished run is kept
+    assert (tmp_path / "teacher" / "metrics.jsonl").read_text() == rows
