@@ -40,6 +40,8 @@ from tinker_cookbook.exceptions import AllTrajectoriesFailedError, Configuration
 from tinker_cookbook.rl.metric_util import RLTestSetEvaluator, compute_trajectory_metrics
 from tinker_cookbook.rl.rollouts import BatchRollout, do_batch_rollouts, do_group_rollout
 from tinker_cookbook.rl.train_step import (
+    AdvantageShaper,
+    AdvantageShaperBuilder,
     SubmittedSubstep,
     TrainSettings,
     finish_substeps,
@@ -123,6 +125,9 @@ class Config(run_core.RunConfig):
     """Discount with which each token's KL penalty also counts for the tokens before it (0: only its own)."""
     kl_reference_config: KLReferenceConfig | None = None
     """None: the KL penalty is against ``model_name`` itself (the untrained base)."""
+    advantage_shaper: AdvantageShaperBuilder | None = None
+    """Changes the per-token advantages of each minibatch after they are assembled (before the KL penalty), e.g.
+    on-policy distillation's teacher term (``tinker_cookbook.distillation``); None: the advantages as computed."""
 
     async_config: AsyncConfig | None = None
     """Off-policy mode: sampling never waits for training (``rl/train_async.py``)."""
@@ -167,6 +172,7 @@ class RunContext:
     evaluators: run_core.Evaluators
     reference_client: tinker.SamplingClient | None
     tokenizer: Any
+    shaper: AdvantageShaper | None = None
 
     @property
     def training_client(self) -> tinker.TrainingClient:
@@ -245,8 +251,9 @@ def _context(cfg: Config, run: run_core.Run, dataset: RLDataset, test_dataset: R
     if test_dataset is not None:
         evaluators.add(cfg.eval_every, [RLTestSetEvaluator(test_dataset, cfg.max_tokens, temperature=cfg.temperature,
                                                            num_groups_to_log=cfg.num_groups_to_log)])
+    shaper = cfg.advantage_shaper(run.service_client) if cfg.advantage_shaper is not None else None
     return RunContext(cfg, run, dataset, evaluators, _reference_client(cfg, run.service_client),
-                      run.training_client.get_tokenizer())
+                      run.training_client.get_tokenizer(), shaper)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -267,8 +274,10 @@ async def _sync_train_step(ctx: RunContext, rollout: BatchRollout) -> dict[str, 
     """Train on a fully sampled batch: ``num_substeps`` optimizer steps, each on a slice of the groups."""
     metrics: dict[str, float] = {}
     substeps = []
-    for part in split_groups(rollout.groups_P, ctx.cfg.num_substeps):
-        data_D, prep_metrics = await prepare_data(part, ctx.cfg.settings, ctx.reference_client)
+    pairs = list(zip(rollout.groups_P, rollout.builders_P, strict=True))
+    for part in split_groups(pairs, ctx.cfg.num_substeps):
+        data_D, prep_metrics = await prepare_data([g for g, _ in part], ctx.cfg.settings, ctx.reference_client,
+                                                  [b for _, b in part], ctx.shaper)
         _accumulate(metrics, prep_metrics)
         if data_D:
             substeps.append(await submit_substep(ctx.training_client, data_D, ctx.cfg.settings))
@@ -296,7 +305,7 @@ async def _stream_rollout_and_train(ctx: RunContext, builders: list[EnvGroupBuil
                                                    record=k < ctx.cfg.num_groups_to_log))
              for k, b in enumerate(builders)]
     done: list[tuple[TrajectoryGroup, EnvGroupBuilder]] = []
-    waiting: list[TrajectoryGroup] = []
+    waiting: list[tuple[TrajectoryGroup, EnvGroupBuilder]] = []
     substeps: list[SubmittedSubstep] = []
     metrics: dict[str, float] = {}
     finished, part, step_has_data = 0, 0, False
@@ -305,9 +314,10 @@ async def _stream_rollout_and_train(ctx: RunContext, builders: list[EnvGroupBuil
         finished += 1
         if group is not None:
             done.append((group, builder))
-            waiting.append(group)
+            waiting.append((group, builder))
         while part < num_parts and finished >= boundaries[part]:
-            data_D, prep = await prepare_data(waiting, ctx.cfg.settings, ctx.reference_client)
+            data_D, prep = await prepare_data([g for g, _ in waiting], ctx.cfg.settings, ctx.reference_client,
+                                              [b for _, b in waiting], ctx.shaper)
             waiting = []
             _accumulate(metrics, prep)
             if data_D:

@@ -135,7 +135,9 @@ class _AsyncRun:
 
     async def train_step(self, step: int, batch: list[_Result], metrics: dict[str, float]) -> None:
         cfg = self.ctx.cfg
+        # Groups and their builders stay paired (an advantage shaper reads per-dataset settings off the builder).
         groups_P = [r.group for r in batch if r.group is not None]
+        builders_P = [r.builder for r in batch if r.group is not None]
         sampler_steps = [r.sampler_step for r in batch]
         staleness = [step - s for s in sampler_steps]
         metrics.update({
@@ -143,11 +145,12 @@ class _AsyncRun:
             "sampling_client/step_mean": sum(sampler_steps) / len(sampler_steps),
             "async/staleness_mean": sum(staleness) / len(staleness), "async/staleness_max": float(max(staleness)),
         })
-        metrics.update(compute_trajectory_metrics(groups_P, [r.builder.logging_tags() for r in batch]))
+        metrics.update(compute_trajectory_metrics(groups_P, [b.logging_tags() for b in builders_P]))
         substeps = []
         with timed("train", metrics):
-            for part in split_groups(groups_P, cfg.num_substeps):
-                data_D, prep = await prepare_data(part, cfg.settings, self.ctx.reference_client)
+            for part in split_groups(list(zip(groups_P, builders_P, strict=True)), cfg.num_substeps):
+                data_D, prep = await prepare_data([g for g, _ in part], cfg.settings, self.ctx.reference_client,
+                                                  [b for _, b in part], self.ctx.shaper)
                 metrics.update(prep)
                 if data_D:
                     substeps.append(await submit_substep(self.ctx.training_client, data_D, cfg.settings))
@@ -155,7 +158,7 @@ class _AsyncRun:
                 metrics.update(await finish_substeps(substeps))
             else:
                 metrics["optim/skipped"] = 1.0
-        self.ctx.log_transcript(step, groups_P, [r.builder for r in batch])
+        self.ctx.log_transcript(step, groups_P, builders_P)
 
     async def trainer(self) -> tinker.SamplingClient:
         for step in range(self.ctx.start_batch, self.ctx.end_batch):

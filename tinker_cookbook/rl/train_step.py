@@ -1,6 +1,7 @@
 """The pieces of an RL iteration shared by the sync, streaming and async loops of ``rl/train.py``.
 
-- ``prepare_data``: trajectory groups → metrics, advantages and datums (with the optional KL penalty);
+- ``prepare_data``: trajectory groups → metrics, advantages and datums (with the optional KL penalty and the
+  config's ``AdvantageShaper``, e.g. on-policy distillation's per-token teacher term);
 - ``submit_substep`` / ``finish_substeps``: ``forward_backward`` and ``optim_step`` submitted back to back, results
   awaited afterwards, so both land in the same engine cycle.
 
@@ -12,21 +13,44 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+import chz
 import numpy as np
 
 from tinker_cookbook import run_core, tinker
 from tinker_cookbook.rl.data_processing import (
+    DatumSource,
     assemble_training_data,
     compute_advantages,
     datum_for_training,
     remove_constant_reward_groups,
 )
 from tinker_cookbook.rl.metrics import compute_kl_sample_train, incorporate_kl_penalty
-from tinker_cookbook.rl.types import TrajectoryGroup
+from tinker_cookbook.rl.types import EnvGroupBuilder, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
+
+
+class AdvantageShaper(Protocol):
+    """Changes the assembled datums' per-token ``advantages`` before training (and returns metrics to log).
+
+    Called once per minibatch with its datums, where each came from (``sources_D[d].group_idx`` indexes
+    ``builders_P``) and the builders of its groups, so a shaper can look up per-dataset settings on the builder.
+    Each datum's ``mask`` marks its sampled tokens and ``logprobs`` holds the sampler's logprobs of them.
+    """
+
+    async def __call__(self, data_D: list[tinker.Datum], sources_D: list[DatumSource],
+                      builders_P: Sequence[EnvGroupBuilder]) -> tuple[list[tinker.Datum], dict[str, float]]: ...
+
+
+@chz.chz
+class AdvantageShaperBuilder:
+    """Config of an ``AdvantageShaper``; the loop calls it once per run with the run's service client (subclass
+    and override ``__call__``)."""
+
+    def __call__(self, service_client: tinker.ServiceClient) -> AdvantageShaper:
+        raise NotImplementedError(f"{type(self).__name__} must implement __call__(service_client) -> AdvantageShaper")
 
 @dataclass(frozen=True)
 class TrainSettings:
@@ -41,15 +65,27 @@ class TrainSettings:
 
 
 async def prepare_data(
-    groups_P: Sequence[TrajectoryGroup], settings: TrainSettings, reference_client: tinker.SamplingClient | None
+    groups_P: Sequence[TrajectoryGroup], settings: TrainSettings, reference_client: tinker.SamplingClient | None,
+    builders_P: Sequence[EnvGroupBuilder] | None = None, shaper: AdvantageShaper | None = None,
 ) -> tuple[list[tinker.Datum], dict[str, float]]:
-    """Datums (with ``mask``) of the groups worth training on, and the metrics of that preparation."""
+    """Datums (with ``mask``) of the groups worth training on, and the metrics of that preparation.
+
+    ``builders_P`` (the builder of each group, needed with a ``shaper``) is filtered along with the groups.
+    """
     metrics: dict[str, float] = {}
-    kept = list(groups_P)
+    if shaper is not None and (builders_P is None or len(builders_P) != len(groups_P)):
+        raise ValueError("an advantage shaper needs the builder of every group (builders_P, one per group)")
+    kept = list(range(len(groups_P)))
     if settings.remove_constant_reward_groups:
-        kept = remove_constant_reward_groups(kept)
+        varied = {id(g) for g in remove_constant_reward_groups(list(groups_P))}
+        kept = [k for k in kept if id(groups_P[k]) in varied]
         metrics["rollout/constant_reward_groups_removed"] = float(len(groups_P) - len(kept))
-    data_D, _sources = assemble_training_data(kept, compute_advantages(kept))
+    kept_groups = [groups_P[k] for k in kept]
+    data_D, sources_D = assemble_training_data(kept_groups, compute_advantages(kept_groups))
+    if data_D and shaper is not None:
+        assert builders_P is not None
+        data_D, shaper_metrics = await shaper(data_D, sources_D, [builders_P[k] for k in kept])
+        metrics.update(shaper_metrics)
     if data_D and settings.kl_penalty_coef > 0:
         if reference_client is None:
             raise ValueError("kl_penalty_coef > 0 needs a reference sampling client")
