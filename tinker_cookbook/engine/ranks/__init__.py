@@ -6,6 +6,7 @@ wiring module uses under ``torchrun``.
 
 from __future__ import annotations
 
+import atexit
 import sys
 import threading
 from collections.abc import Callable
@@ -19,11 +20,13 @@ _launched: RankedBackend | None = None
 _launched_lock = threading.Lock()
 
 
-def launched_backend(on_failure: Callable[[str], None] | None = None) -> RankedBackend | None:
+def launched_backend(on_failure: Callable[[str], None] | None = None,
+                     lost_status: int = 1) -> RankedBackend | None:
     """Under ``torchrun``: on rank 0 the process-wide ``RankedBackend`` (made on the first call); on any other rank,
     run rank 0's commands until it closes, then return None (the caller's process has nothing else to do).
 
-    A rank other than 0 that loses rank 0 (or another rank) prints why to stderr and exits with status 1.
+    Rank 0's engine is closed at exit (which stops the others). A rank other than 0 that loses rank 0 (or another
+    rank) prints why to stderr and exits with status ``lost_status``.
     """
     global _launched
     with _launched_lock:
@@ -32,10 +35,12 @@ def launched_backend(on_failure: Callable[[str], None] | None = None) -> RankedB
         ranks = Ranks.from_torchrun()
         if ranks.is_leader:
             _launched = RankedBackend(ranks, on_failure=on_failure)
+            # At exit the other ranks must hear Stop, or they would wait for the next command until the timeout.
+            atexit.register(_launched.close, 60)
             return _launched
     try:
         follow_leader(ranks)
     except RankFailure as exc:
         print(f"tinker-cookbook: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+        raise SystemExit(lost_status) from None
     return None

@@ -15,6 +15,7 @@ stops the server).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
 import queue
 import threading
@@ -311,11 +312,15 @@ class RankedBackend:
         if self._closing.is_set():
             return
         self._closing.set()
-        if self._broken is None and not self.local._closed:
+        if self._broken is None:
             try:
                 self._submit(commands.Stop()).result(timeout)
-            except (TinkerError, concurrent.futures.TimeoutError):
-                pass  # already broken (reported), or stuck: closing the engine below still fails what waits
+            except concurrent.futures.TimeoutError:
+                pass  # stuck in a request: closing the engine below fails what waits; the ranks see us go
+            except TinkerError:
+                # The engine thread is gone (interpreter exit): nothing else sends, so tell the ranks from here.
+                with contextlib.suppress(RankFailure):
+                    self.ranks.broadcast(commands.Stop())
         self.local.close(timeout)
 
 
