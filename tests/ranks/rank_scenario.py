@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -30,11 +31,12 @@ def lead(ranks: Ranks, out: Path) -> None:
     run_id = backend.create_session(MODEL, LORA, None)
     session = backend.engine.session(run_id)
     first = backend.forward(run_id, DATA, "cross_entropy", None, True).result(timeout=120)
-    grads = {k: p.grad.clone() for k, p in session.params.items()}
+    grads = {k: p.grad.clone() for k, p in session.params.items() if p.grad is not None}
     step = backend.optim_step(run_id, ADAM).result(timeout=120)
     path = backend.save(run_id, "weights", "step1", None).result(timeout=120)
     try:
-        backend.forward(run_id, [*DATA, "not a datum"], "cross_entropy", None, True).result(timeout=120)
+        bad: Any = [*DATA, "not a datum"]
+        backend.forward(run_id, bad, "cross_entropy", None, True).result(timeout=120)
         refused = ""
     except errors.BadRequestError as exc:
         refused = str(exc)
@@ -43,7 +45,7 @@ def lead(ranks: Ranks, out: Path) -> None:
     samples = [f.result(timeout=120).sequences[0].tokens for f in futures]
     torch.save({"grads": grads, "params": {k: p.detach().clone() for k, p in session.params.items()},
                 "loss": first.metrics["loss:sum"], "logprobs": [o["logprobs"].data for o in first.loss_fn_outputs],
-                "grad_norm": step.metrics["grad_norm"], "path": path, "refused": refused, "samples": samples,
+                "grad_norm": (step.metrics or {})["grad_norm"], "path": path, "refused": refused, "samples": samples,
                 "pending": session.pending_backward}, out / "rank0.pt")
     backend.close(timeout=60)
 

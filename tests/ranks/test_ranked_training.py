@@ -64,7 +64,7 @@ def single(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         run_id = backend.create_session(MODEL, LORA, None)
         session = backend._session(run_id)
         out = backend.forward(run_id, DATA, "cross_entropy", None, True).result()
-        grads = {k: p.grad.clone() for k, p in session.params.items()}
+        grads = {k: p.grad.clone() for k, p in session.params.items() if p.grad is not None}
         backend.optim_step(run_id, ADAM).result()
         handle = backend.snapshot(run_id, None).result()
         samples = [backend.sample(handle, types.ModelInput.from_ints(p), 1, GREEDY, False, 0).result()

@@ -15,6 +15,7 @@ identical gradients and state, so the adapters stay identical without sending th
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -348,7 +349,7 @@ class RankEngine:
 
     def _sample(self, command: SampleRound) -> list[types.SampleResponse | Exception] | None:
         mine = [r for r in command.requests if r.rank == self.ranks.rank]
-        futures = []
+        futures: list[concurrent.futures.Future[types.SampleResponse] | Exception] = []
         for request in mine:
             try:
                 futures.append(self.local.sample(self.handles[request.handle_id], request.prompt,

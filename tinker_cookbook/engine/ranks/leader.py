@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import itertools
 import queue
 import threading
@@ -333,6 +334,7 @@ def follow_leader(ranks: Ranks) -> None:
     engine = RankEngine(ranks, local)
 
     def run(command: commands.Command) -> RankFailure | None:
+        """One command; its failure only when it is a lost rank (a request's failure is rank 0's to report)."""
         try:
             engine.run(command)
         except RankFailure as exc:
@@ -346,7 +348,7 @@ def follow_leader(ranks: Ranks) -> None:
             command = ranks.broadcast(None)
             if isinstance(command, commands.Stop):
                 return
-            failure = local.submit(lambda command=command: run(command)).result()
+            failure = local.submit(functools.partial(run, command)).result()
             if failure is not None:
                 raise failure
     finally:
