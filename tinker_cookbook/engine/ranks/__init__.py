@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from tinker_cookbook.engine.ranks.group import RankFailure, Ranks, launched_by_torchrun
 from tinker_cookbook.engine.ranks.leader import RankedBackend, follow_leader
+from tinker_cookbook.tinker.errors import RequestFailedError
 
 __all__ = ["RankFailure", "RankedBackend", "Ranks", "follow_leader", "launched_backend", "launched_by_torchrun"]
 
@@ -30,7 +31,11 @@ def launched_backend(on_failure: Callable[[str], None] | None = None,
     """
     global _launched
     with _launched_lock:
-        if _launched is not None and not _launched.local._closed:
+        if _launched is not None:
+            if _launched.local._closed:
+                # The other ranks left when it closed: a new engine would wait for them forever.
+                raise RequestFailedError("the ranked engine of this torchrun job was closed, and its other ranks "
+                                         "have stopped; start the job again to train or sample")
             return _launched
         ranks = Ranks.from_torchrun()
         if ranks.is_leader:
