@@ -16,6 +16,7 @@ identical gradients and state, so the adapters stay identical without sending th
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -68,7 +69,8 @@ class Drop:
 @dataclass(frozen=True)
 class Forward:
     """A built-in-loss request; rank r runs ``shards[r]`` (validated by the leader, possibly empty), the datums
-    at ``positions[r]`` of the request."""
+    at ``positions[r]`` of the request. The leader's copy holds every shard; the copy it broadcasts holds none
+    (``for_followers``), and each rank receives its own shard by a scatter."""
 
     run_id: str
     shards: list[list[types.Datum]]
@@ -137,6 +139,12 @@ class SampleRound:
 
 Command = (Ping | Stop | Create | Load | Drop | Forward | Custom | Step | Snapshot | OpenHandle | DropHandle
            | SampleRound)
+
+def for_followers(command: Command) -> Command:
+    """What the leader broadcasts for ``command``: a request's datums go to each rank by scatter instead, so that
+    no rank receives the others' shards."""
+    return dataclasses.replace(command, shards=[]) if isinstance(command, Forward) else command
+
 
 # -- errors that cross ranks ---------------------------------------------------------------------------------
 
@@ -298,7 +306,7 @@ class RankEngine:
 
     def _forward(self, command: Forward) -> types.ForwardBackwardOutput | None:
         session = self.session(command.run_id)
-        shard = command.shards[self.ranks.rank]
+        shard = self.ranks.scatter(command.shards if self.ranks.is_leader else None)
 
         def part() -> types.ForwardBackwardOutput | None:
             if not shard:

@@ -114,6 +114,13 @@ class Ranks:
         self._collective("all_gather", lambda: dist.all_gather_object(out, value, group=self.group))
         return out
 
+    def scatter(self, values: list[T] | None) -> T:
+        """Rank r's item of the leader's ``values`` (one per rank; ignored elsewhere), on rank r."""
+        out: list[Any] = [None]
+        self._collective("scatter", lambda: dist.scatter_object_list(out, values if self.is_leader else None,
+                                                                     src=0, group=self.group))
+        return out[0]  # type: ignore[no-any-return]
+
     def gather(self, value: T) -> list[T] | None:
         """Every rank's ``value`` in rank order, on the leader (None elsewhere)."""
         out: list[Any] | None = [None] * self.world if self.is_leader else None

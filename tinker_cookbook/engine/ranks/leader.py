@@ -88,7 +88,7 @@ class RankedBackend:
             self._last_command = time.monotonic()
             if isinstance(command, commands.Ping):
                 self._ping_queued = False
-            self.ranks.broadcast(command)
+            self.ranks.broadcast(commands.for_followers(command))
             return self.engine.run(command, custom)
         except RankFailure as exc:
             self._fail(str(exc))
