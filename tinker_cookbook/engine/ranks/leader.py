@@ -69,7 +69,9 @@ class RankedBackend:
         # Filled by garbage-collection finalizers, which may run holding any lock: SimpleQueue.put takes none.
         self._released_handles: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._released_sessions: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self._samples: list[tuple[commands.SampleRequest, concurrent.futures.Future[types.SampleResponse]]] = []
+        # Each waiting request keeps its handle alive, so that its weights are not released before its round.
+        self._samples: list[tuple[commands.SampleRequest, concurrent.futures.Future[types.SampleResponse],
+                                  RankedSamplerHandle]] = []
         self._samples_lock = threading.Lock()
         self._last_command = time.monotonic()
         self._ping_queued = False
@@ -120,8 +122,8 @@ class RankedBackend:
         self._broken = message
         with self._samples_lock:
             waiting, self._samples = self._samples, []
-        for _, future in waiting:
-            future.set_exception(RequestFailedError(message))
+        for _, future, _ in waiting:
+            _settle(future, RequestFailedError(message))
         if self._on_failure is not None:
             self._on_failure(message)
 
@@ -270,7 +272,7 @@ class RankedBackend:
         request = commands.SampleRequest(0, 0, handle.handle_id, prompt, num_samples, params,
                                          include_prompt_logprobs, topk_prompt_logprobs)
         with self._samples_lock:
-            self._samples.append((request, future))
+            self._samples.append((request, future, handle))
         try:
             self.local.submit(self._sample_round)
         except TinkerError as exc:  # closed
@@ -284,22 +286,19 @@ class RankedBackend:
             taken, self._samples = self._samples, []
         if not taken:
             return  # an earlier round took them
-        costs = [r.num_samples * (r.prompt.length + (r.params.max_tokens or 1)) for r, _ in taken]
+        costs = [r.num_samples * (r.prompt.length + (r.params.max_tokens or 1)) for r, _, _ in taken]
         rank_of = {i: rank for rank, group in enumerate(balanced_shards(costs, self.ranks.world)) for i in group}
         requests = [commands.SampleRequest(i, rank_of[i], r.handle_id, r.prompt, r.num_samples, r.params,
                                            r.include_prompt_logprobs, r.topk_prompt_logprobs)
-                    for i, (r, _) in enumerate(taken)]
+                    for i, (r, _, _) in enumerate(taken)]
         try:
             results = self._lead(commands.SampleRound(requests))
         except Exception as exc:  # noqa: BLE001 - every request of the round gets the error
-            for _, future in taken:
-                future.set_exception(exc)
+            for _, future, _ in taken:
+                _settle(future, exc)
             return
-        for (_, future), result in zip(taken, results, strict=True):
-            if isinstance(result, Exception):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
+        for (_, future, _), result in zip(taken, results, strict=True):
+            _settle(future, result)
 
     def describe_ranks(self) -> str:
         """One line naming every rank's process and device (the server's banner shows it)."""
@@ -323,6 +322,15 @@ class RankedBackend:
                 with contextlib.suppress(RankFailure):
                     self.ranks.broadcast(commands.Stop())
         self.local.close(timeout)
+
+
+def _settle(future: concurrent.futures.Future[Any], outcome: Any) -> None:
+    """Complete ``future`` with a result or an exception, unless its caller cancelled it meanwhile."""
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
 
 
 def follow_leader(ranks: Ranks) -> None:
