@@ -47,11 +47,14 @@ def launched_by_torchrun() -> bool:
 
 
 def rank_device(local_rank: int) -> torch.device:
-    """The device of a rank: ``$TINKER_COOKBOOK_DEVICE`` when it names one, else GPU ``local_rank`` when there are
-    GPUs, else the CPU (several CPU ranks share the machine's cores)."""
+    """The device of a rank: ``$TINKER_COOKBOOK_DEVICE`` when it names one (``cuda`` alone: GPU ``local_rank``),
+    else GPU ``local_rank`` when there are GPUs, else the CPU (several CPU ranks share the machine's cores)."""
     chosen = os.environ.get("TINKER_COOKBOOK_DEVICE", "auto")
     if chosen not in ("", "auto"):
-        return torch.device(chosen)
+        device = torch.device(chosen)
+        if device.type == "cuda" and device.index is None:  # "cuda": each rank its own GPU, not all on GPU 0
+            return torch.device("cuda", local_rank % torch.cuda.device_count())
+        return device
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
