@@ -12,6 +12,7 @@ deferred to the first client, so ``from tinker_cookbook import tinker`` stays fr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -20,10 +21,11 @@ from tinker_cookbook.tinker.backend import Backend, CheckpointStoreAPI, register
 from tinker_cookbook.tinker.errors import BadRequestError
 
 if TYPE_CHECKING:
-    from tinker_cookbook.engine.backend import SamplerHandle as LocalSamplerHandle
     from tinker_cookbook.tinker._remote import RemoteSamplerHandle
 
 LOCAL_BASE_URLS = (None, "", "local")
+LOST_RANK_STATUS = 75
+"""The exit status of a rank that stops because another rank stopped (so a launcher can tell the cause apart)."""
 
 
 def is_local(base_url: str | None) -> bool:
@@ -31,11 +33,40 @@ def is_local(base_url: str | None) -> bool:
     return base_url in LOCAL_BASE_URLS
 
 
-def local_backend() -> Backend[LocalSamplerHandle]:
-    """The process-wide in-process engine (base models are loaded once and shared)."""
-    from tinker_cookbook.engine.backend import LocalBackend
+def local_backend() -> Backend[Any]:
+    """The process-wide in-process engine (base models are loaded once and shared).
 
+    Under ``torchrun`` with several ranks it is the data-parallel engine (``docs/scaling.md``): rank 0 gets it,
+    and on every other rank this call runs rank 0's commands until rank 0 closes, then exits the process.
+    """
+    from tinker_cookbook.engine.backend import LocalBackend
+    from tinker_cookbook.engine.ranks import launched_by_torchrun
+
+    if launched_by_torchrun():
+        backend = serving_backend()
+        if backend is None:
+            raise SystemExit(0)  # this rank served rank 0 until it closed: nothing else runs here
+        return backend
     return LocalBackend.default()
+
+
+def launched_with_ranks() -> bool:
+    """Whether this process is one of several ranks that ``torchrun`` started."""
+    from tinker_cookbook.engine.ranks import launched_by_torchrun
+
+    return launched_by_torchrun()
+
+
+def serving_backend(on_failure: Callable[[str], None] | None = None) -> Backend[Any] | None:
+    """The in-process engine; under ``torchrun``, on rank 0 the data-parallel engine over all ranks (closed at
+    exit, which stops the other ranks) and on any other rank None, once rank 0's commands are done (this call runs
+    them). ``on_failure(message)``: called once if a rank stops while the engine is open."""
+    from tinker_cookbook.engine.backend import LocalBackend
+    from tinker_cookbook.engine.ranks import launched_backend, launched_by_torchrun
+
+    if not launched_by_torchrun():
+        return LocalBackend.default()
+    return launched_backend(on_failure, LOST_RANK_STATUS)
 
 
 def base_model_dir(base_model: str) -> Path:

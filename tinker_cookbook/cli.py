@@ -354,7 +354,7 @@ API_KEY_ENV = "TINKER_COOKBOOK_API_KEY"
 
 def serve(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
     # Imported here: the server pulls in FastAPI and uvicorn, which the other commands do not need.
-    from tinker_cookbook.backends import local_backend
+    from tinker_cookbook.backends import launched_with_ranks, serving_backend
     from tinker_cookbook.server import ServerLimits, generate_api_key
     from tinker_cookbook.server import serve as run_server
     from tinker_cookbook.server.app import check_bind
@@ -366,14 +366,32 @@ def serve(rc: RestClient, args: argparse.Namespace, out: Printer) -> None:
                                      "given; pass one")
         api_key = generate_api_key()
     check_bind(args.host, api_key)  # refuse an unsafe bind before anything starts
+    if args.nproc_per_node > 1 and not launched_with_ranks():
+        from tinker_cookbook.server.launch import launch_ranks
+
+        raise SystemExit(launch_ranks(args.nproc_per_node, sys.argv[1:]))  # each rank runs this command again
     perf_env.reexec_with_fast_malloc()  # sampling is several times faster with it (see perf_env); restarts once
+    backend = serving_backend(on_failure=_stop_serving)
+    if backend is None:
+        return  # a rank other than 0: it ran rank 0's commands until rank 0 stopped
+    ranks = getattr(backend, "describe_ranks", None)
     chosen = {"max_body_bytes": args.max_body_bytes, "max_n": args.max_n,
               "max_samples_per_request": args.max_samples_per_request}
     limits = ServerLimits(**{k: v for k, v in chosen.items() if v is not None})
-    run_server(local_backend(), host=args.host, port=args.port, api_key=api_key,
+    run_server(backend, host=args.host, port=args.port, api_key=api_key,
                key_generated=args.generate_api_key, limits=limits, preload=args.model or (),
                access_log=args.access_log, allowed_hosts=args.allow_host or (),
-               allowed_origins=args.allow_origin or ())
+               allowed_origins=args.allow_origin or (),
+               announce=None if ranks is None else lambda text: print(f"{text}\n  Ranks:       {ranks()}",
+                                                                      flush=True))
+
+
+def _stop_serving(message: str) -> None:
+    """A rank stopped: the ranked engine cannot answer anything any more, so the whole server stops now."""
+    print(f"tinker-cookbook serve: {message}; stopping the server", file=sys.stderr, flush=True)
+    from tinker_cookbook.backends import LOST_RANK_STATUS
+
+    os._exit(LOST_RANK_STATUS)
 
 
 def _positive(text: str) -> int:
@@ -473,6 +491,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let web pages from this origin (e.g. https://app.example) call the server (repeatable; "
                    "'*' for any). Otherwise only pages on localhost may")
     p.add_argument("--access-log", action="store_true", help="log every request")
+    p.add_argument("--nproc-per-node", type=_positive, default=1, metavar="N",
+                   help="run N ranks on this machine, one per device (torchrun's launcher): training requests are "
+                   "split over them and sampling spread (see docs/scaling.md); default 1")
     p.set_defaults(handler=serve)
     return parser
 

@@ -149,10 +149,7 @@ class LocalBackend:
 
     def create_session(self, base_model: str, lora: types.LoraConfig, user_metadata: dict[str, str] | None) -> str:
         _check_model_name(base_model)
-        if lora.rank < 1:
-            raise BadRequestError(f"rank={lora.rank} is invalid; the LoRA rank must be a positive integer (e.g. 32)")
-        if not (lora.train_attn or lora.train_mlp or lora.train_unembed):
-            raise BadRequestError("train_attn, train_mlp and train_unembed are all False; enable at least one")
+        check_lora_config(lora)
 
         def create() -> str:
             base = self._base(base_model)
@@ -299,6 +296,14 @@ class LocalBackend:
                include_prompt_logprobs: bool, topk_prompt_logprobs: int) -> concurrent.futures.Future[types.SampleResponse]:
         return self.sampler.submit(handle.weights, handle.tokenizer, prompt, num_samples, params,
                                    include_prompt_logprobs, topk_prompt_logprobs)
+
+
+def check_lora_config(lora: types.LoraConfig) -> None:
+    """Refuse a LoRA config that no model can train (checked before anything loads)."""
+    if lora.rank < 1:
+        raise BadRequestError(f"rank={lora.rank} is invalid; the LoRA rank must be a positive integer (e.g. 32)")
+    if not (lora.train_attn or lora.train_mlp or lora.train_unembed):
+        raise BadRequestError("train_attn, train_mlp and train_unembed are all False; enable at least one")
 
 
 def _check_rank(rank: int, base: BaseModel) -> None:

@@ -12,9 +12,11 @@ request keeps the class the server named in its message (``NotFoundError: ...``)
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 import re
 import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,12 +24,13 @@ from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 from tinker_cookbook.base.hosts import is_loopback
-from tinker_cookbook.tinker import errors, types
+from tinker_cookbook.tinker import _drift, errors, types
 from tinker_cookbook.tinker.backend import CustomLossFn
 from tinker_cookbook.tinker.futures import then
 
 T = TypeVar("T")
 U = TypeVar("U")
+logger = logging.getLogger(__name__)
 
 # The SDK itself, pinned as the `remote` extra pins it: a hint that names this project's extra would resolve to the
 # official cookbook on a package index, and quoted so that zsh does not expand the brackets of an extra.
@@ -349,15 +352,46 @@ class RemoteBackend:
 
     def create_session_from_state(self, path: str, with_optimizer: bool, user_metadata: dict[str, str] | None
                                   ) -> tuple[str, str, types.LoraConfig]:
-        weights = self.store.weights_info(path)
+        known = self._checkpoint_config(path)
         create = (self._service.create_training_client_from_state_with_optimizer if with_optimizer
                   else self._service.create_training_client_from_state)
-        client = call(lambda: wait(create(path, user_metadata=user_metadata)))
-        run_id, _ = self._adopt(client)
-        lora = types.LoraConfig(rank=weights.lora_rank or 32, train_mlp=weights.train_mlp is not False,
-                                train_attn=weights.train_attn is not False,
-                                train_unembed=weights.train_unembed is not False)
-        return run_id, weights.base_model, lora
+        try:
+            client = call(lambda: wait(create(path, user_metadata=user_metadata)))
+        except errors.BadRequestError as exc:
+            if not _drift.needs_model_id(exc):
+                raise
+            # An older server: the same client, made the older way (create, then load into its model_id).
+            if known is None:
+                raise _drift.resume_drift_error(self.base_url, path, exc) from exc
+            try:
+                run_id = self.create_session(known[0], known[1], user_metadata)
+                with warnings.catch_warnings():  # load_state is deprecated in the SDK, and the only way here
+                    warnings.simplefilter("ignore", FutureWarning)
+                    self.load(run_id, path, with_optimizer).result()
+            except errors.TinkerError as failed:
+                raise _drift.resume_drift_error(self.base_url, path, failed) from failed
+            logger.warning("%s", _drift.resume_fallback_note(self.base_url))
+            return run_id, known[0], known[1]
+        run_id, info = self._adopt(client)
+        if known is None:
+            known = (info.model_name or "", types.LoraConfig(rank=info.lora_rank or 32))
+        return run_id, known[0], known[1]
+
+    def _checkpoint_config(self, path: str) -> tuple[str, types.LoraConfig] | None:
+        """The base model and LoRA config a ``weights/`` checkpoint was trained with: from the server's
+        ``weights_info``, else (an older server has no such route) from its training run; None if neither says."""
+        try:
+            weights = self.store.weights_info(path)
+            return weights.base_model, types.LoraConfig(
+                rank=weights.lora_rank or 32, train_mlp=weights.train_mlp is not False,
+                train_attn=weights.train_attn is not False, train_unembed=weights.train_unembed is not False)
+        except errors.TinkerError:
+            pass
+        try:
+            run = self.store.get_run(types.ParsedCheckpointTinkerPath.from_tinker_path(path).training_run_id)
+        except (errors.TinkerError, ValueError):
+            return None
+        return run.base_model, types.LoraConfig(rank=run.lora_rank or 32)
 
     def forward(self, run_id: str, data: list[types.Datum], loss_fn: str, loss_fn_config: dict[str, float] | None,
                 backward: bool) -> concurrent.futures.Future[types.ForwardBackwardOutput]:
@@ -457,4 +491,9 @@ class RemoteBackend:
                                                  sampling_params=sdk_params,
                                                  include_prompt_logprobs=include_prompt_logprobs,
                                                  topk_prompt_logprobs=topk_prompt_logprobs))
-        return adapt(_sdk_future(sent), from_sdk_sample_response)
+        return then(_sdk_future(sent), from_sdk_sample_response, self._sampling_error)
+
+    def _sampling_error(self, exc: BaseException) -> BaseException:
+        if _drift.lacks_sample_sequence_ids(exc):
+            return _drift.sampling_drift_error(self.base_url)
+        return translate_error(exc)
