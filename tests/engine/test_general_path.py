@@ -155,6 +155,7 @@ def test_save_and_load_round_trip(trained: TrainingSession, tmp_path: Path) -> N
     with SamplerEngine() as engine:
         response = engine.submit(weights, _Tokenizer(), types.ModelInput.from_ints(PROMPT), 1,
                                  types.SamplingParams(max_tokens=1), include_prompt_logprobs=True).result()
+    assert response.prompt_logprobs is not None
     assert (torch.tensor(response.prompt_logprobs[1:]) - _logprobs(trained, PROMPT)).abs().max() < TOLERANCE
     trained.base.remove_adapter("loaded")
 
@@ -182,6 +183,7 @@ def test_forced_general_path_on_a_dense_model_agrees_with_the_fast_path(monkeypa
         a, b = (engine.submit(w, _Tokenizer(), types.ModelInput.from_ints(PROMPT), 1, params,
                               include_prompt_logprobs=True).result() for w in (general_weights, fast_weights))
     assert a.sequences[0].tokens == b.sequences[0].tokens
+    assert a.prompt_logprobs is not None and b.prompt_logprobs is not None
     assert (torch.tensor(a.sequences[0].logprobs) - torch.tensor(b.sequences[0].logprobs)).abs().max() < TOLERANCE
     assert (torch.tensor(a.prompt_logprobs[1:]) - torch.tensor(b.prompt_logprobs[1:])).abs().max() < TOLERANCE
 

@@ -185,8 +185,8 @@ def _put_config_in_hf_cache(cache: Path, repo_id: str, config: dict[str, object]
 def test_cached_model_of_an_unsupported_architecture_is_not_offered(
     offline_empty_hf_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    vl_moe = {"architectures": ["Qwen3VLMoeForConditionalGeneration"], "model_type": "qwen3_vl_moe"}
-    other = {"architectures": ["T5ForConditionalGeneration"], "model_type": "t5"}  # not a causal LM
+    vl_moe: dict[str, object] = {"architectures": ["Qwen3VLMoeForConditionalGeneration"], "model_type": "qwen3_vl_moe"}
+    other: dict[str, object] = {"architectures": ["T5ForConditionalGeneration"], "model_type": "t5"}  # not a causal LM
     _put_config_in_hf_cache(offline_empty_hf_cache, "acme/vl-moe", vl_moe)
     _put_config_in_hf_cache(offline_empty_hf_cache, "acme/t5-ish", other)
     listed = {spec.name for spec in models.available_models()} | {spec.name for spec in models.known_models()}

@@ -908,12 +908,20 @@ def test_qwen3_vl_text_prompts_sample_as_hf(engine: SamplerEngine, tokenizer: An
     assert greedy.sequences[0].tokens == _hf_greedy(model, prompt, 6)
 
 
-def test_unsupported_architecture_is_refused() -> None:
+def test_an_architecture_without_a_fast_path_samples_on_the_general_path(engine: SamplerEngine, tokenizer: Any) -> None:
+    """GPT-2 (learned positions, a ``transformer`` decoder, tied embeddings) has no compact decoder: the sampler runs
+    the transformers model itself, and greedy decoding through its KV cache equals full forwards' argmax."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=100))
-    with pytest.raises(BadRequestError, match="model_type='gpt2'"):
-        SamplingWeights.build(model.config, model.state_dict(), None, None, torch.float32)
+    from tinker_cookbook.engine.sampling.general import GeneralModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=1000)).eval()
+    weights = SamplingWeights.build(model.config, model.state_dict(), None, None, torch.float32)
+    assert isinstance(weights.decoder, GeneralModel)
+    prompt = [5, 17, 300, 42, 7]
+    greedy = _sample(engine, weights, tokenizer, types.ModelInput.from_ints(prompt), max_tokens=6, temperature=0.0)
+    assert greedy.sequences[0].tokens == _hf_greedy(model, prompt, 6)
 
 
 def test_default_dtype_env(monkeypatch: pytest.MonkeyPatch) -> None:

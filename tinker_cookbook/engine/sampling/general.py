@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +33,6 @@ from tinker_cookbook.tinker.errors import UnprocessableEntityError
 
 # Prompt positions scored per unembedding matmul when prompt logprobs are asked for (bounds [rows, vocab] memory).
 _SCORE_CHUNK = 256
-_init_lock = threading.Lock()
 
 
 @dataclass(eq=False)
@@ -95,8 +93,7 @@ def _skeleton(config: Any, base_state: Mapping[str, torch.Tensor]) -> Any:
     for module in model.modules():  # non-persistent buffers (rotary frequencies) are in no state dict: compute them
         if any(b.device.type == "meta" for b in module.buffers(recurse=False)):
             module.to_empty(device=device, recurse=False)
-            with _init_lock:
-                model._init_weights(module)
+            model._init_weights(module)
     missing = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
     if missing:
         raise UnprocessableEntityError(f"the base state has no tensor for {missing[:3]} ({len(missing)} in all); pass "
@@ -266,5 +263,6 @@ class GeneralBatch:
         if isinstance(result, Exception):
             sequence.request.fail(result, self.stats)
             return True
-        return sequence.request.done or advance(sequence, *result, self.stats)
+        token, logprob = result
+        return sequence.request.done or advance(sequence, token, logprob, self.stats)
 
