@@ -6,7 +6,8 @@
 Each side runs in its own subprocess: ``TINKER_COOKBOOK_MODEL_PATH=auto`` (the fast fused paths) or ``general``
 (the transformers model's own modules with peft LoRA, and a KV-cached forward of it for sampling). Training: LoRA
 rank 32 on every linear layer and the unembedding, a batch of 8 sequences of 64-256 tokens, forward_backward +
-optim_step. Sampling: 8 samples of 64 tokens from one 64-token prompt, seeded. Sides alternate every round and
+optim_step. Sampling: 8 samples of 64 tokens from one 64-token prompt, seeded; and RL's shape, 8 different
+64-token prompts x 4 samples submitted at once (``rl_sample``). Sides alternate every round and
 each keeps its best round. Reported: tokens per CPU-second of the timed work (``time.process_time``, which follows
 the work done on a shared machine) and per wall-second, and the ratios general / fast (above 1: the general path
 is faster). Not a test: compare within one run.
@@ -62,10 +63,20 @@ def run_side(model: str, steps: int) -> dict[str, float]:
     def sample() -> None:
         sampler.sample(prompt, 8, params).result()
 
+    prompts = [types.ModelInput.from_ints(t[:64]) for t in batch]
+
+    def sample_rl() -> None:  # RL's shape: every prompt's samples submitted at once
+        futures = [sampler.sample(p, 4, params) for p in prompts]
+        for future in futures:
+            future.result()
+
     sample()
     sample_cpu, sample_wall = _timed(sample)
+    sample_rl()
+    rl_cpu, rl_wall = _timed(sample_rl)
     return {"train_tok_per_cpu_s": train_tokens / train_cpu, "train_tok_per_s": train_tokens / train_wall,
-            "sample_tok_per_cpu_s": 8 * 64 / sample_cpu, "sample_tok_per_s": 8 * 64 / sample_wall}
+            "sample_tok_per_cpu_s": 8 * 64 / sample_cpu, "sample_tok_per_s": 8 * 64 / sample_wall,
+            "rl_sample_tok_per_cpu_s": 8 * 4 * 64 / rl_cpu, "rl_sample_tok_per_s": 8 * 4 * 64 / rl_wall}
 
 
 def _spawn(path: str, args: argparse.Namespace) -> dict[str, float]:

@@ -44,10 +44,10 @@ def _logprobs(session: TrainingSession, tokens: list[int]) -> torch.Tensor:
     return torch.tensor(out.loss_fn_outputs[0]["logprobs"].tolist())
 
 
-def _train(session: TrainingSession, steps: int = 2, lr: float = 1e-2) -> list[float]:
+def _train(session: TrainingSession, steps: int = 2, lr: float = 1e-2, prompt: list[int] = PROMPT) -> list[float]:
     losses = []
     for _ in range(steps):
-        out = session.forward([_datum(PROMPT + [3, 4, 5, 6])], "cross_entropy", None, backward=True)
+        out = session.forward([_datum(prompt + [3, 4, 5, 6])], "cross_entropy", None, backward=True)
         losses.append(out.metrics["loss:sum"])
         session.optim_step(types.AdamParams(learning_rate=lr))
     return losses
@@ -165,14 +165,19 @@ def test_a_short_supervised_run_lowers_the_loss() -> None:
     assert losses[-1] < 0.7 * losses[0]
 
 
-def test_forced_general_path_on_a_dense_model_agrees_with_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    fast = _session("tinker-cookbook/tiny-qwen3", "fast")
-    _train(fast)
+@pytest.mark.parametrize(("name", "prompt"), [
+    ("tinker-cookbook/tiny-qwen3", PROMPT),
+    ("tinker-cookbook/tiny-smollm2", [1, 20, 300, 4000, 5, 77, 9, 12, 13, 400, 2000, 31]),  # tied embeddings
+])
+def test_forced_general_path_on_a_dense_model_agrees_with_the_fast_path(
+        monkeypatch: pytest.MonkeyPatch, name: str, prompt: list[int]) -> None:
+    fast = _session(name, "fast")
+    _train(fast, prompt=prompt)
     monkeypatch.setenv("TINKER_COOKBOOK_MODEL_PATH", "general")
-    general = _session("tinker-cookbook/tiny-qwen3", "general")
+    general = _session(name, "general")
     assert general.base.general and not fast.base.general
     general.base.load_adapter_state("general", fast.base.adapter_state("fast"))
-    tokens = PROMPT + [3, 4, 5]
+    tokens = prompt + [3, 4, 5]
     assert (_logprobs(general, tokens) - _logprobs(fast, tokens)).abs().max() < TOLERANCE
     general_weights = _weights(general)
     monkeypatch.delenv("TINKER_COOKBOOK_MODEL_PATH")
@@ -180,12 +185,16 @@ def test_forced_general_path_on_a_dense_model_agrees_with_the_fast_path(monkeypa
     assert isinstance(general_weights.decoder, GeneralModel) and not isinstance(fast_weights.decoder, GeneralModel)
     params = types.SamplingParams(max_tokens=8, seed=2)
     with SamplerEngine() as engine:
-        a, b = (engine.submit(w, _Tokenizer(), types.ModelInput.from_ints(PROMPT), 1, params,
-                              include_prompt_logprobs=True).result() for w in (general_weights, fast_weights))
-    assert a.sequences[0].tokens == b.sequences[0].tokens
+        a, b = (engine.submit(w, _Tokenizer(), types.ModelInput.from_ints(prompt), 2, params,
+                              include_prompt_logprobs=True, topk_prompt_logprobs=3).result()
+                for w in (general_weights, fast_weights))
+    assert [s.tokens for s in a.sequences] == [s.tokens for s in b.sequences]
+    for x, y in zip(a.sequences, b.sequences, strict=True):
+        assert (torch.tensor(x.logprobs) - torch.tensor(y.logprobs)).abs().max() < TOLERANCE
     assert a.prompt_logprobs is not None and b.prompt_logprobs is not None
-    assert (torch.tensor(a.sequences[0].logprobs) - torch.tensor(b.sequences[0].logprobs)).abs().max() < TOLERANCE
     assert (torch.tensor(a.prompt_logprobs[1:]) - torch.tensor(b.prompt_logprobs[1:])).abs().max() < TOLERANCE
+    assert a.topk_prompt_logprobs is not None and b.topk_prompt_logprobs is not None
+    assert [[i for i, _ in r or []] for r in a.topk_prompt_logprobs] == [[i for i, _ in r or []] for r in b.topk_prompt_logprobs]
 
 
 def test_registry_lists_the_tiny_moe_models_and_refuses_vision_moe(capsys: pytest.CaptureFixture[str]) -> None:
