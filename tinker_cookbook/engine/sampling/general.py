@@ -9,7 +9,7 @@ KV cache, with the same request semantics as the compact decoder (``sampler``'s 
   prompt is prefilled once (its prompt logprobs and every sample's first token come from that pass), its cache is
   repeated for the cohort's samples, and each decode step advances a cohort's rows in one forward (equal lengths:
   no padding, no mask); finished rows leave the cache at once. Routing, sliding windows and latent attention are
-  the model's own, through transformers' ``DynamicCache``.
+  the model's own, through the cache it makes for itself.
 
 Token selection, stops and seeds are ``batch``'s, shared with the fast path: the same seed gives the same tokens on
 either path wherever the logits agree.
@@ -47,20 +47,16 @@ class GeneralModel:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def hidden(self, ids: torch.Tensor, cache: Any) -> torch.Tensor:
-        """The decoder's final hidden states of ``ids [rows, n]`` after ``cache`` (which it extends), fp32."""
+    def hidden(self, ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+        """The decoder's final hidden states of ``ids [rows, n]`` after ``cache`` (None: a new sequence), fp32, and
+        the cache extended by them (the model makes the kind of cache it needs)."""
         out = self.model.base_model(input_ids=ids, cache=cache, use_cache=True)
-        return out.last_hidden_state.float()
+        return out.last_hidden_state.float(), out.cache
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits of fp32 hidden states (the output projection alone, as the trainer computes them)."""
         head = self.model.get_output_embeddings()
         return head(hidden.to(self.dtype)).float()
-
-    def new_cache(self) -> Any:
-        from transformers import DynamicCache
-
-        return DynamicCache(config=self.model.config)
 
 
 def build_general_model(config: Any, base_state: Mapping[str, torch.Tensor], adapter_state: Mapping[str, torch.Tensor]
@@ -90,16 +86,33 @@ def _skeleton(config: Any, base_state: Mapping[str, torch.Tensor]) -> Any:
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
     if head.weight.device.type == "meta":  # tied embeddings: the head gets its own Parameter on the same tensor, so
         head.weight = torch.nn.Parameter(embed.weight.detach(), requires_grad=False)  # merging LoRA into it is its own
-    for module in model.modules():  # non-persistent buffers (rotary frequencies) are in no state dict: compute them
-        if any(b.device.type == "meta" for b in module.buffers(recurse=False)):
-            module.to_empty(device=device, recurse=False)
-            model._init_weights(module)
+    for module in model.modules():  # non-persistent buffers (rotary frequencies, embedding scales) are in no state
+        _compute_buffers(model, module, device)  # dict: the model's own initialisation computes them
     missing = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
     if missing:
         raise UnprocessableEntityError(f"the base state has no tensor for {missing[:3]} ({len(missing)} in all); pass "
                                        "the model's full state dict")
     model.requires_grad_(False)
     return model
+
+
+def _compute_buffers(model: Any, module: torch.nn.Module, device: torch.device) -> None:
+    """Fill ``module``'s meta buffers as transformers' loading does (``model._init_weights``), on a scratch copy of
+    the module whose parameters stay on the meta device: the initialisation also (re)initialises parameters, and
+    the real ones are the base's shared tensors, which must never be written."""
+    meta = [name for name, b in module._buffers.items() if b is not None and b.device.type == "meta"]
+    if not meta:
+        return
+    scratch = copy.copy(module)
+    scratch._parameters = {name: None if p is None else torch.nn.Parameter(torch.empty_like(p, device="meta"),
+                                                                           requires_grad=False)
+                           for name, p in module._parameters.items()}
+    scratch._buffers = {name: None if b is None else torch.empty_like(b, device=device)
+                        for name, b in module._buffers.items()}
+    scratch._modules = {}
+    model._init_weights(scratch)
+    for name in meta:
+        module._buffers[name] = scratch._buffers[name]
 
 
 def _merged(model: Any, adapter_state: Mapping[str, torch.Tensor], adapter_config: dict[str, Any]) -> Any:
@@ -187,8 +200,8 @@ class GeneralBatch:
         """One forward over ``prompt`` for every request with it: prompt logprobs, first tokens, a cohort."""
         model = self.model
         try:
-            cache = model.new_cache()
-            hidden = model.hidden(torch.tensor([prompt], device=model.device), cache)[0]
+            hidden, cache = model.hidden(torch.tensor([prompt], device=model.device), None)
+            hidden = hidden[0]
             last_logits = model.logits(hidden[-1:])
         except Exception as error:  # noqa: BLE001 - the forward failed: these requests fail, others go on
             for request in requests:
@@ -243,7 +256,8 @@ class GeneralBatch:
         model = self.model
         try:
             ids = torch.tensor([[row.tokens[-1]] for row in cohort.rows], device=model.device)
-            logits = model.logits(model.hidden(ids, cohort.cache)[:, -1])
+            hidden, cohort.cache = model.hidden(ids, cohort.cache)
+            logits = model.logits(hidden[:, -1])
         except Exception as error:  # noqa: BLE001 - the step failed for this cohort; others keep going
             for row in cohort.rows:
                 row.request.fail(error, self.stats)
