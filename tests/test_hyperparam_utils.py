@@ -66,6 +66,6 @@ def test_unknown_model_and_bad_rank_are_clear_errors(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ConfigurationError, match="model_name='nobody/nothing'") as info:
         hp.get_lr("nobody/nothing")
-    assert "Qwen/Qwen3-8B" in str(info.value) and "A3B" not in str(info.value)  # the engine refuses MoE models
+    assert "Qwen/Qwen3-8B" in str(info.value) and "A3B" not in str(info.value)  # dense ones suggested
     with pytest.raises(ConfigurationError, match="lora_rank=0"):
         hp.get_lora_param_count("Qwen/Qwen3-8B", lora_rank=0)

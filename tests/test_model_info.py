@@ -88,12 +88,12 @@ def test_unknown_model_lists_known_families() -> None:
         get_model_attributes("acme/Foo-7B")
     with pytest.raises(ConfigurationError, match="tinker-cookbook/tiny-qwen3"):
         get_recommended_renderer_name("Qwen/Qwen2.5-7B")
-    # Only what loads end to end is offered as known; the lineup's mixture-of-experts models are named as refused.
+    # Only what loads end to end is offered as known; vision-language MoE models are named as refused.
     with pytest.raises(ConfigurationError) as info:
         get_model_attributes("acme/Foo-7B")
-    offered, refused = str(info.value).split(" (mixture-of-experts models")
-    assert "gpt-oss" not in offered and "DeepSeek" not in offered and "Kimi" not in offered and "A3B" not in offered
-    assert "gpt-oss" in refused and "not supported by the engine" in refused
+    offered, refused = str(info.value).split(" (vision-language mixture-of-experts models")
+    assert "A3B" in offered and "tiny-qwen3-moe" in offered and "Qwen3-VL -A3B" in refused
+    assert "not supported by the engine" in refused
 
 
 def test_warn_if_renderer_not_recommended(caplog: pytest.LogCaptureFixture) -> None:

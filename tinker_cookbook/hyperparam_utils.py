@@ -139,8 +139,8 @@ def _dims_from_config(model_name: str) -> ModelDims:
 
 
 def dense_known_models() -> list[str]:
-    """The built-in table's dense models: the ones the engine trains (it refuses mixture-of-experts models, whose
-    dimensions are kept only for LoRA parameter counts)."""
+    """The built-in table's dense models (the ones a learning-rate error suggests: every family's formula there has
+    its exponent)."""
     return sorted(name for name, dims in _KNOWN_DIMS.items() if dims.num_experts == 0)
 
 
@@ -180,7 +180,9 @@ def get_lora_param_count(
     """Trainable LoRA parameters on the engine's targets: q/k/v/o (attn), gate/up/down (mlp), lm_head (unembed).
 
     For mixture-of-experts layers each expert has its own factor on the expert side while the factor on the
-    hidden side is shared, i.e. ``r * (H + E * I)`` per projection.
+    hidden side is shared, i.e. ``r * (H + E * I)`` per projection: Tinker's count, which the official cookbook
+    reports. The local engine's expert adapters are peft's, one pair per expert (``docs/models.md``), so its MoE
+    adapters hold more parameters than this count.
     """
     if lora_rank <= 0:
         raise ConfigurationError(f"lora_rank={lora_rank} must be positive")

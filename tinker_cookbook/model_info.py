@@ -95,6 +95,12 @@ _EXPLICIT: dict[str, ModelAttributes] = {
     "tinker-cookbook/tiny-smollm2": _attrs(
         "tinker-cookbook", "2", "tiny", "instruction", ("chatml",), is_test_model=True
     ),
+    # The tiny mixture-of-experts models all borrow Qwen3's tokenizer, hence Qwen3's renderers.
+    **{
+        name: _attrs("tinker-cookbook", "3", "tiny", "hybrid", ("qwen3", "qwen3_disable_thinking"),
+                     is_test_model=True, architecture="moe")
+        for name in ("tinker-cookbook/tiny-qwen3-moe", "tinker-cookbook/tiny-gpt-oss", "tinker-cookbook/tiny-deepseek-v3")
+    },
     "tinker-cookbook/tiny-qwen3-vl": _attrs(
         "tinker-cookbook",
         "3",
@@ -110,17 +116,17 @@ _QWEN3 = re.compile(r"^Qwen/Qwen3-(?P<vl>VL-)?(?P<size>\d+(\.\d+)?B(-A\d+B)?)(?P
 _LLAMA3 = re.compile(r"^meta-llama/(Meta-)?Llama-(?P<version>3(\.\d)?)-(?P<size>\d+B)(?P<variant>-.*)?\Z")
 _SMOLLM2 = re.compile(r"^HuggingFaceTB/SmolLM2-(?P<size>\d+(\.\d+)?[MB])(?P<variant>-.*)?\Z")
 
-# What the unknown-model error offers: the families that load and train end to end here. The mixture-of-experts
-# models of the lineup (Qwen3 -A3B/-A22B, gpt-oss, DeepSeek-V3.1, Kimi-K2) have attributes above, but the engine
-# refuses them today, so they are not offered.
+# What the unknown-model error offers: the families that load and train end to end here. gpt-oss, DeepSeek-V3.1 and
+# Kimi-K2 run on the engine's general path too, but their chat formats are not implemented as renderers yet; the
+# vision-language mixture-of-experts models are refused by the engine.
 KNOWN_FAMILIES = (
-    "Qwen/Qwen3-* dense (hybrid, -Base, -Instruct-2507, -Thinking-2507)",
+    "Qwen/Qwen3-* (dense, and mixture-of-experts -A3B/-A22B; hybrid, -Base, -Instruct-2507, -Thinking-2507)",
     "Qwen/Qwen3-VL-* dense (-Instruct, -Thinking)",
     "meta-llama/Llama-3.x-* (base and -Instruct)",
     "HuggingFaceTB/SmolLM2-* (base and -Instruct)",
     *sorted(name for name, attrs in _EXPLICIT.items() if attrs.is_test_model),
 )
-REFUSED_BY_THE_ENGINE = "mixture-of-experts models (Qwen3 -A3B/-A22B, gpt-oss, DeepSeek-V3.1, Kimi-K2)"
+REFUSED_BY_THE_ENGINE = "vision-language mixture-of-experts models (Qwen3-VL -A3B/-A22B)"
 
 
 def _qwen3(match: re.Match[str]) -> ModelAttributes:

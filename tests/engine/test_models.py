@@ -22,6 +22,9 @@ TINY = {
     "tinker-cookbook/tiny-llama3": 128256,
     "tinker-cookbook/tiny-smollm2": 49152,
     "tinker-cookbook/tiny-qwen3-vl": 151936,
+    "tinker-cookbook/tiny-qwen3-moe": 151936,
+    "tinker-cookbook/tiny-gpt-oss": 151936,
+    "tinker-cookbook/tiny-deepseek-v3": 151936,
 }
 
 
@@ -127,14 +130,13 @@ def test_smollm2_listed_from_the_packaged_gguf() -> None:
 
 # --- only architectures that load end to end ----------------------------------------------------------
 
-MOE_LINEUP = [
+MOE_LINEUP = [  # text mixture-of-experts models of the lineup: the general path runs them
     "Qwen/Qwen3-30B-A3B",
     "Qwen/Qwen3-30B-A3B-Base",
     "Qwen/Qwen3-30B-A3B-Instruct-2507",
     "Qwen/Qwen3-235B-A22B-Instruct-2507",
-    "Qwen/Qwen3-VL-30B-A3B-Instruct",
-    "Qwen/Qwen3-VL-235B-A22B-Instruct",
 ]
+VL_MOE_LINEUP = ["Qwen/Qwen3-VL-30B-A3B-Instruct", "Qwen/Qwen3-VL-235B-A22B-Instruct"]  # refused: no images there
 
 
 def _no_downloads(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,23 +152,23 @@ def _no_downloads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(AutoModelForImageTextToText, "from_pretrained", refuse)
 
 
-def test_registry_supports_exactly_what_the_sampler_decodes() -> None:
-    from tinker_cookbook.engine.sampling import decoder_model as sampler_model
-
-    assert models.supported_model_types() is sampler_model.SUPPORTED_MODEL_TYPES
-    for spec in models.known_models():
-        assert spec.name not in MOE_LINEUP
+def test_registry_supports_exactly_what_loads_end_to_end() -> None:
+    supported = models.supported_model_types()
+    assert {"llama", "qwen2", "qwen3", "qwen3_vl", "qwen3_moe", "gpt_oss", "deepseek_v3"} <= set(supported)
+    assert "qwen3_vl_moe" not in supported
+    known = {spec.name for spec in models.known_models()}
+    assert set(MOE_LINEUP) <= known and not set(VL_MOE_LINEUP) & known
     for spec in models.available_models():
         config = models.load_model_config(spec.name)
-        assert config.model_type in models.supported_model_types(), spec.name
+        assert config.model_type in supported, spec.name
 
 
-@pytest.mark.parametrize("name", MOE_LINEUP)
-def test_moe_lineup_models_fail_before_any_download(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+@pytest.mark.parametrize("name", VL_MOE_LINEUP)
+def test_vision_moe_lineup_models_fail_before_any_download(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     _no_downloads(monkeypatch)
-    with pytest.raises(UnprocessableEntityError, match=r"mixture-of-experts.*model_type='qwen3(_vl)?_moe'") as info:
+    with pytest.raises(UnprocessableEntityError, match=r"model_type='qwen3_vl_moe'.*vision-language") as info:
         models.get_model_spec(name)
-    assert f"base_model={name!r}" in str(info.value) and "qwen3_vl" in str(info.value)
+    assert f"base_model={name!r}" in str(info.value) and "Qwen3-VL" in str(info.value)
     with pytest.raises(UnprocessableEntityError):
         models.load_model(name)
 
@@ -183,17 +185,17 @@ def _put_config_in_hf_cache(cache: Path, repo_id: str, config: dict[str, object]
 def test_cached_model_of_an_unsupported_architecture_is_not_offered(
     offline_empty_hf_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    moe = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "max_position_embeddings": 4096}
-    other = {"architectures": ["GPT2ForCausalLM"], "model_type": "gpt2"}  # a causal LM the sampler lacks
-    _put_config_in_hf_cache(offline_empty_hf_cache, "acme/moe", moe)
-    _put_config_in_hf_cache(offline_empty_hf_cache, "acme/gpt2-ish", other)
+    vl_moe: dict[str, object] = {"architectures": ["Qwen3VLMoeForConditionalGeneration"], "model_type": "qwen3_vl_moe"}
+    other: dict[str, object] = {"architectures": ["T5ForConditionalGeneration"], "model_type": "t5"}  # not a causal LM
+    _put_config_in_hf_cache(offline_empty_hf_cache, "acme/vl-moe", vl_moe)
+    _put_config_in_hf_cache(offline_empty_hf_cache, "acme/t5-ish", other)
     listed = {spec.name for spec in models.available_models()} | {spec.name for spec in models.known_models()}
-    assert "acme/moe" not in listed and "acme/gpt2-ish" not in listed
+    assert "acme/vl-moe" not in listed and "acme/t5-ish" not in listed
     _no_downloads(monkeypatch)
-    with pytest.raises(UnprocessableEntityError, match="mixture-of-experts"):
-        models.load_model("acme/moe")
-    with pytest.raises(UnprocessableEntityError, match="model_type='gpt2'"):
-        models.get_model_spec("acme/gpt2-ish")
+    with pytest.raises(UnprocessableEntityError, match="vision-language mixture-of-experts"):
+        models.load_model("acme/vl-moe")
+    with pytest.raises(UnprocessableEntityError, match="model_type='t5'"):
+        models.get_model_spec("acme/t5-ish")
 
 
 def test_hub_model_of_an_unsupported_architecture_fails_before_its_weights(
@@ -204,7 +206,8 @@ def test_hub_model_of_an_unsupported_architecture_fails_before_its_weights(
     from transformers import AutoModelForCausalLM
 
     config_file = offline_empty_hf_cache / "config.json"
-    config_file.write_text(json.dumps({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}))
+    config_file.write_text(json.dumps({"architectures": ["Qwen3VLMoeForConditionalGeneration"],
+                                       "model_type": "qwen3_vl_moe"}))
     fetched: list[str] = []
 
     def fetch_config(repo_id: str, filename: str, **kwargs: object) -> str:
@@ -217,7 +220,7 @@ def test_hub_model_of_an_unsupported_architecture_fails_before_its_weights(
     monkeypatch.setattr(hub, "hub_is_reachable", lambda: True)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fetch_config)
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
-    with pytest.raises(UnprocessableEntityError, match="acme/new-moe.*mixture-of-experts"):
+    with pytest.raises(UnprocessableEntityError, match="acme/new-moe.*vision-language mixture-of-experts"):
         models.load_model("acme/new-moe")
     assert set(fetched) == {"config.json"}
 

@@ -908,12 +908,28 @@ def test_qwen3_vl_text_prompts_sample_as_hf(engine: SamplerEngine, tokenizer: An
     assert greedy.sequences[0].tokens == _hf_greedy(model, prompt, 6)
 
 
-def test_unsupported_architecture_is_refused() -> None:
-    from transformers import GPT2Config, GPT2LMHeadModel
+@pytest.mark.parametrize("model_type", ["gpt2", "gemma"])
+def test_an_architecture_without_a_fast_path_samples_on_the_general_path(
+        engine: SamplerEngine, tokenizer: Any, model_type: str) -> None:
+    """GPT-2 (learned positions, a ``transformer`` decoder, tied embeddings) and Gemma (an embedding scale and norm
+    offsets its initialisation computes) have no compact decoder: the sampler runs the transformers model itself,
+    greedy decoding through its KV cache equals full forwards' argmax, and the base's weights stay as they were."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=100))
-    with pytest.raises(BadRequestError, match="model_type='gpt2'"):
-        SamplingWeights.build(model.config, model.state_dict(), None, None, torch.float32)
+    from tinker_cookbook.engine.sampling.general import GeneralModel
+
+    dims = {"gpt2": dict(n_layer=2, n_embd=32, n_head=2),
+            "gemma": dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                          num_key_value_heads=1, head_dim=16, pad_token_id=0)}[model_type]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, vocab_size=1000, **dims)).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    weights = SamplingWeights.build(model.config, model.state_dict(), None, None, torch.float32)
+    assert isinstance(weights.decoder, GeneralModel)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    prompt = [5, 17, 300, 42, 7]
+    greedy = _sample(engine, weights, tokenizer, types.ModelInput.from_ints(prompt), max_tokens=6, temperature=0.0)
+    assert greedy.sequences[0].tokens == _hf_greedy(model, prompt, 6)
 
 
 def test_default_dtype_env(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -73,10 +73,51 @@ def tiny_qwen3_vl_config() -> PretrainedConfig:
     )
 
 
+# Mixture-of-experts: 8 experts, 2 per token, small expert width; layer 0 dense where the family has dense layers.
+_MOE_DIMS: dict[str, Any] = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+
+
+def tiny_qwen3_moe_config() -> PretrainedConfig:
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(vocab_size=151936, num_experts=8, norm_topk_prob=True, **_MOE_DIMS, **_SMALL_DIMS,
+                          **_QWEN3_IDS)
+
+
+def tiny_gpt_oss_config() -> PretrainedConfig:
+    from transformers import GptOssConfig
+
+    # Attention sinks and alternating sliding-window / full layers as gpt-oss; a window of 8 tokens so that test
+    # prompts run past it. No gpt-oss tokenizer is packaged: it borrows Qwen3's (vocabulary and ids).
+    # YaRN as gpt-oss, scaled so that 64 * 32 is the tiny context length.
+    rope = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": False, "original_max_position_embeddings": TINY_CONTEXT_LENGTH // 32}
+    dims = {**_SMALL_DIMS, "intermediate_size": _MOE_DIMS["moe_intermediate_size"]}
+    return GptOssConfig(vocab_size=151936, num_local_experts=8, num_experts_per_tok=2, sliding_window=8,
+                        layer_types=["sliding_attention", "full_attention"], rope_parameters=rope, **dims,
+                        **_QWEN3_IDS)
+
+
+def tiny_deepseek_v3_config() -> PretrainedConfig:
+    from transformers import DeepseekV3Config
+
+    # Multi-head latent attention (low-rank q and kv with a decoupled rotary part), one shared expert, grouped
+    # routing (2 groups, 1 chosen), the first layer dense. Borrows Qwen3's tokenizer (none packaged for DeepSeek).
+    dims = {k: v for k, v in _SMALL_DIMS.items() if k != "head_dim"}
+    return DeepseekV3Config(
+        vocab_size=151936, n_routed_experts=8, n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1,
+        q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **_MOE_DIMS, **dims, **_QWEN3_IDS,
+    )
+
+
 TINY_MODEL_CONFIGS: dict[str, Callable[[], PretrainedConfig]] = {
     "tinker-cookbook/tiny-qwen3": tiny_qwen3_config,
     "tinker-cookbook/tiny-llama3": tiny_llama3_config,
     "tinker-cookbook/tiny-smollm2": tiny_smollm2_config,
     "tinker-cookbook/tiny-qwen3-vl": tiny_qwen3_vl_config,
+    "tinker-cookbook/tiny-qwen3-moe": tiny_qwen3_moe_config,
+    "tinker-cookbook/tiny-gpt-oss": tiny_gpt_oss_config,
+    "tinker-cookbook/tiny-deepseek-v3": tiny_deepseek_v3_config,
 }
 """Name -> a fresh config of that tiny model."""

@@ -13,9 +13,10 @@ A name resolves through these sources, first match wins:
 Every loaded model is a fresh instance in eval mode with ``requires_grad=False`` everywhere: the engine adds
 LoRA on top and never trains the base.
 
-Only architectures that load end to end are listed or resolved: the sampler's compact decoder implements fewer
-than training does, so :func:`supported_model_types` (its list) decides. Asking for another one (e.g. a
-mixture-of-experts Qwen3) fails with ``UnprocessableEntityError`` before any weights are downloaded.
+Only architectures that load end to end are listed or resolved (:func:`supported_model_types`): the fast paths'
+dense Llama-3 / Qwen2 / Qwen3 / Qwen3-VL, and every text causal LM of transformers on the general path
+(``engine.model_paths``), mixture-of-experts ones included. Asking for another one (e.g. a vision-language
+mixture-of-experts model) fails with ``UnprocessableEntityError`` before any weights are downloaded.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tinker_cookbook.base import assets, hub, tiny_models
-from tinker_cookbook.engine import gguf_convert
+from tinker_cookbook.engine import gguf_convert, model_paths
 from tinker_cookbook.tinker.errors import NotFoundError, UnprocessableEntityError
 
 if TYPE_CHECKING:
@@ -106,42 +107,21 @@ def _tiny_spec(name: str, arch: str, description: str) -> ModelSpec:
     )
 
 
+_TINY_DESCRIPTIONS = {  # name -> (arch, description); configs in tinker_cookbook.base.tiny_models
+    "tinker-cookbook/tiny-qwen3": ("qwen3", "Tiny random Qwen3 (2 layers, hidden 64) with the real Qwen3 tokenizer"),
+    "tinker-cookbook/tiny-llama3": ("llama", "Tiny random Llama-3 (2 layers, hidden 64) with the real Llama-3 tokenizer"),
+    "tinker-cookbook/tiny-smollm2": ("llama", "Tiny random SmolLM2 (2 layers, hidden 64, tied embeddings), real tokenizer"),
+    "tinker-cookbook/tiny-qwen3-vl": ("qwen3_vl", "Tiny random Qwen3-VL (2 text + 2 vision layers), real Qwen3 tokenizer"),
+    "tinker-cookbook/tiny-qwen3-moe": ("qwen3", "Tiny random Qwen3-MoE (2 layers, 8 experts, 2 active), real Qwen3 "
+                                       "tokenizer"),
+    "tinker-cookbook/tiny-gpt-oss": ("gpt_oss", "Tiny random gpt-oss (sinks, sliding window, 8 experts), Qwen3's "
+                                     "tokenizer"),
+    "tinker-cookbook/tiny-deepseek-v3": ("deepseek_v3", "Tiny random DeepSeek-V3 (MLA, shared expert, 8 routed), "
+                                         "Qwen3's tokenizer"),
+}
 _TINY_MODELS: dict[str, tuple[ModelSpec, Callable[[], PretrainedConfig]]] = {
-    spec.name: (spec, make_config)
-    for spec, make_config in [
-        (
-            _tiny_spec(
-                "tinker-cookbook/tiny-qwen3",
-                "qwen3",
-                "Tiny random Qwen3 (2 layers, hidden 64) with the real Qwen3 tokenizer; for tests.",
-            ),
-            tiny_models.tiny_qwen3_config,
-        ),
-        (
-            _tiny_spec(
-                "tinker-cookbook/tiny-llama3",
-                "llama",
-                "Tiny random Llama-3 (2 layers, hidden 64) with the real Llama-3 tokenizer; for tests.",
-            ),
-            tiny_models.tiny_llama3_config,
-        ),
-        (
-            _tiny_spec(
-                "tinker-cookbook/tiny-smollm2",
-                "llama",
-                "Tiny random SmolLM2 (2 layers, hidden 64, tied embeddings), real tokenizer; for tests.",
-            ),
-            tiny_models.tiny_smollm2_config,
-        ),
-        (
-            _tiny_spec(
-                "tinker-cookbook/tiny-qwen3-vl",
-                "qwen3_vl",
-                "Tiny random Qwen3-VL (2 text + 2 vision layers) with the real Qwen3 tokenizer; for tests.",
-            ),
-            tiny_models.tiny_qwen3_vl_config,
-        ),
-    ]
+    name: (_tiny_spec(name, arch, f"{description}; for tests."), tiny_models.TINY_MODEL_CONFIGS[name])
+    for name, (arch, description) in _TINY_DESCRIPTIONS.items()
 }
 
 
@@ -178,7 +158,7 @@ _LM_HEAD_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration")
 
 # Models of the Tinker lineup with their HF model_type: obtainable from the hub, so "known" everywhere when the
 # engine supports their architecture; loadable only where the hub or the local cache has them. Context lengths
-# are those of their configs. The mixture-of-experts ones are kept so that asking for them fails at once.
+# are those of their configs. The vision-language MoE ones are kept so that asking for them fails at once.
 _HUB_CATALOG: dict[str, tuple[str, int]] = {
     "Qwen/Qwen3-VL-235B-A22B-Instruct": ("qwen3_vl_moe", 262144),
     "Qwen/Qwen3-VL-30B-A3B-Instruct": ("qwen3_vl_moe", 262144),
@@ -204,27 +184,20 @@ def _is_vision_language(model_type: str) -> bool:
 
 
 def supported_model_types() -> tuple[str, ...]:
-    """The HF ``model_type`` values the engine runs end to end (trained with peft and sampled).
-
-    Training goes through transformers and handles more; the sampler's decoder is the narrower side, so its list
-    is the single source of truth.
-    """
-    from tinker_cookbook.engine.sampling.decoder_model import (
-        SUPPORTED_MODEL_TYPES,  # imported only when asked
-    )
-
-    return SUPPORTED_MODEL_TYPES
+    """The HF ``model_type`` values the engine runs end to end (trained with peft and sampled): the fast paths'
+    and every causal LM of transformers on the general path (``model_paths``), less the refused ones."""
+    return tuple(sorted(t for t in {*model_paths.FAST_MODEL_TYPES, *model_paths.causal_lm_types()}
+                        if model_paths.runs(t)))
 
 
 def _check_supported(name: str, model_type: str) -> None:
     """Refuse an architecture the engine cannot run, before anything is downloaded or loaded."""
-    supported = supported_model_types()
-    if model_type not in supported:
-        kind = "a mixture-of-experts model" if model_type.endswith("_moe") else "an architecture"
+    if not model_paths.runs(model_type):
         raise UnprocessableEntityError(
-            f"base_model={name!r} is {kind} (model_type={model_type!r}) that this engine cannot sample from; "
-            f"supported model types: {', '.join(supported)}. Choose a dense Llama-3, Qwen2/Qwen3 or Qwen3-VL "
-            "model (ServiceClient().get_server_capabilities() lists the ones loadable here)"
+            f"base_model={name!r} is an architecture (model_type={model_type!r}) that this engine cannot run: it "
+            "is not a text causal LM of transformers (vision-language mixture-of-experts models are not supported "
+            "yet). Choose a text model, or a dense Qwen3-VL model for images (ServiceClient()."
+            "get_server_capabilities() lists the ones loadable here)"
         )
 
 

@@ -16,6 +16,11 @@ Knob                       Environment variable              Default         Mea
 ``sampler_lora()``         ``TINKER_COOKBOOK_SAMPLER_LORA``  ``auto``        LoRA snapshots merged into a weight copy
                                                                              (``merged``), added per row on the shared base
                                                                              (``unmerged``), or chosen by size (``auto``)
+``model_path()``           ``TINKER_COOKBOOK_MODEL_PATH``    ``auto``        how text models train and sample: ``auto`` (the
+                                                                             fast fused paths for Llama/Qwen2/Qwen3, the
+                                                                             general transformers path for every other
+                                                                             causal LM) or ``general`` (every text model on
+                                                                             the general path)
 ``compiled()``             ``TINKER_COOKBOOK_COMPILED``      ``1``           ``0`` turns every compiled path off (plain torch
                                                                              kernels everywhere): the C decode kernel, the
                                                                              oneDNN pre-packed weights of training and
@@ -51,6 +56,8 @@ DEVICE_ENV = "TINKER_COOKBOOK_DEVICE"
 TRAIN_DTYPE_ENV = "TINKER_COOKBOOK_TRAIN_DTYPE"
 SAMPLER_DTYPE_ENV = "TINKER_COOKBOOK_SAMPLER_DTYPE"
 SAMPLER_LORA_ENV = "TINKER_COOKBOOK_SAMPLER_LORA"
+MODEL_PATH_ENV = "TINKER_COOKBOOK_MODEL_PATH"
+MODEL_PATHS = ("auto", "general")
 COMPILED_ENV = "TINKER_COOKBOOK_COMPILED"
 DECODE_KERNEL_ENV = "TINKER_COOKBOOK_DECODE_KERNEL"
 COMPILER_ENV = "CC"
@@ -93,6 +100,15 @@ def sampler_dtype() -> str:
 def sampler_lora() -> str:
     """``$TINKER_COOKBOOK_SAMPLER_LORA``, ``auto`` when unset (checked by ``sampling.lora.lora_mode``)."""
     return _text(SAMPLER_LORA_ENV) or "auto"
+
+
+def model_path() -> str:
+    """``$TINKER_COOKBOOK_MODEL_PATH``, ``auto`` when unset; another value than auto/general is refused."""
+    value = _text(MODEL_PATH_ENV) or "auto"
+    if value not in MODEL_PATHS:
+        raise BadRequestError(f"${MODEL_PATH_ENV}={value!r} is not valid; set it to auto (the fast paths where they "
+                              "exist) or general (the general transformers path for every text model)")
+    return value
 
 
 def compiled() -> bool:

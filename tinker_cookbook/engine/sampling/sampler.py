@@ -1,4 +1,5 @@
-"""The local sampling engine behind ``SamplingClient``: continuous batching over a compact decoder.
+"""The local sampling engine behind ``SamplingClient``: continuous batching over a compact decoder (or, for models
+without one, over the transformers model itself: ``sampling.general``).
 
 Usage::
 
@@ -54,6 +55,7 @@ import torch
 
 from tinker_cookbook.engine.exit_hooks import CloseAtExit
 from tinker_cookbook.engine.kernels import decode_kernel
+from tinker_cookbook.engine.sampling.general import GeneralBatch, GeneralModel
 from tinker_cookbook.engine.sampling.requests import validate_request
 from tinker_cookbook.engine.sampling.steps import BatchLimits, DecoderBatch, PendingRequest, SamplerStats
 from tinker_cookbook.engine.sampling.weights import SamplingWeights
@@ -82,7 +84,7 @@ class SamplerEngine:
         self._incoming: list[PendingRequest] = []
         self._closed = False
         self._stats = SamplerStats()
-        self._batches: dict[int, DecoderBatch] = {}
+        self._batches: dict[int, DecoderBatch | GeneralBatch] = {}
         self._threads: LocalThreads | None = None
         """The worker's own torch thread count (set on the worker thread; other threads keep theirs)."""
 
@@ -167,7 +169,7 @@ class SamplerEngine:
                 for request in incoming:
                     key = id(request.weights.decoder)  # the batch holds the decoder: the id stays its own
                     if key not in self._batches:
-                        self._batches[key] = DecoderBatch(request.weights.decoder, self._limits, self._stats, self._threads)
+                        self._batches[key] = self._new_batch(request.weights.decoder)
                     self._batches[key].waiting.append(request)
                 for key, batch in list(self._batches.items()):
                     try:
@@ -208,7 +210,12 @@ class SamplerEngine:
                 break
             count = len(self._incoming)
 
-    def _step(self, batch: DecoderBatch) -> None:
+    def _new_batch(self, decoder: Any) -> DecoderBatch | GeneralBatch:
+        if isinstance(decoder, GeneralModel):  # the general path (engine.model_paths)
+            return GeneralBatch(decoder, self._limits, self._stats)
+        return DecoderBatch(decoder, self._limits, self._stats, self._threads)
+
+    def _step(self, batch: DecoderBatch | GeneralBatch) -> None:
         batch.step()
 
     def _fail_everything(self, error: RequestFailedError) -> None:

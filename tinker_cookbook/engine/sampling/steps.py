@@ -264,31 +264,7 @@ class DecoderBatch:
 
     def advance(self, sequence: Sequence, token: int, logprob: float) -> bool:
         """Append a sampled token; finish the sequence (and maybe its request) if it must stop. True when ended."""
-        request = sequence.request
-        sequence.tokens.append(token)
-        sequence.logprobs.append(logprob)
-        self.stats.tokens_generated += 1
-        try:
-            reason = finish_reason(sequence, request.tokenizer)
-        except Exception as error:  # noqa: BLE001 - e.g. a tokenizer that cannot decode: fail this request only
-            request.fail(error, self.stats)
-            return True
-        if reason is None:
-            return False
-        request.results[sequence.index] = types.SampledSequence(
-            stop_reason=reason, tokens=sequence.tokens, logprobs=sequence.logprobs
-        )
-        request.remaining -= 1
-        self.stats.sequences_completed += 1
-        if request.remaining == 0 and not request.done:
-            response = types.SampleResponse(
-                sequences=request.results,  # type: ignore[arg-type]
-                prompt_logprobs=request.prompt_logprobs,
-                topk_prompt_logprobs=request.topk_prompt_logprobs,
-            )
-            self.stats.requests_completed += 1
-            settle(request.future, result=response)
-        return True
+        return advance(sequence, token, logprob, self.stats)
 
     def _compact(self, leaving: list[int]) -> None:
         """Drop finished slots, moving the last active sequence into each hole (descending, so moves are safe)."""
@@ -309,6 +285,36 @@ class DecoderBatch:
         entry.users -= 1
         if entry.users == 0:
             self.prompts.remove(entry)
+
+def advance(sequence: Sequence, token: int, logprob: float, stats: SamplerStats) -> bool:
+    """Append a sampled token to ``sequence``; finish it (and its request once all its samples are) if it must
+    stop. True when it ended."""
+    request = sequence.request
+    sequence.tokens.append(token)
+    sequence.logprobs.append(logprob)
+    stats.tokens_generated += 1
+    try:
+        reason = finish_reason(sequence, request.tokenizer)
+    except Exception as error:  # noqa: BLE001 - e.g. a tokenizer that cannot decode: fail this request only
+        request.fail(error, stats)
+        return True
+    if reason is None:
+        return False
+    request.results[sequence.index] = types.SampledSequence(
+        stop_reason=reason, tokens=sequence.tokens, logprobs=sequence.logprobs
+    )
+    request.remaining -= 1
+    stats.sequences_completed += 1
+    if request.remaining == 0 and not request.done:
+        response = types.SampleResponse(
+            sequences=request.results,  # type: ignore[arg-type]
+            prompt_logprobs=request.prompt_logprobs,
+            topk_prompt_logprobs=request.topk_prompt_logprobs,
+        )
+        stats.requests_completed += 1
+        settle(request.future, result=response)
+    return True
+
 
 def settle(
     future: concurrent.futures.Future[types.SampleResponse],

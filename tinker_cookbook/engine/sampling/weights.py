@@ -9,8 +9,8 @@ from typing import Any
 import torch
 import transformers
 
-from tinker_cookbook.engine import settings, vision
-from tinker_cookbook.engine.sampling import decoder_model, lora
+from tinker_cookbook.engine import model_paths, settings, vision
+from tinker_cookbook.engine.sampling import decoder_model, general, lora
 from tinker_cookbook.engine.sampling.requests import ModelLimits
 from tinker_cookbook.tinker.errors import BadRequestError
 
@@ -53,8 +53,9 @@ class SamplingWeights:
     unmerged snapshots of one base and that base itself share its decoder and decode together (``sampling.lora``).
     """
 
-    decoder: decoder_model.DecoderWeights
-    """The fused weights the snapshot decodes with: its merged copy, or the base shared with other snapshots."""
+    decoder: decoder_model.DecoderWeights | general.GeneralModel
+    """The fused weights the snapshot decodes with: its merged copy, or the base shared with other snapshots; or,
+    on the general path (``engine.model_paths``), the snapshot's transformers model."""
 
     limits: ModelLimits
     adapter: lora.Adapter | None = None
@@ -77,6 +78,9 @@ class SamplingWeights:
         a copy of the weights or kept apart on the shared base: ``lora_mode`` merged | unmerged | auto (None:
         ``$TINKER_COOKBOOK_SAMPLER_LORA``, else auto), see ``sampling.lora``.
         """
+        if model_paths.is_general(config):
+            model = general.build_general_model(config, base_state, adapter_state, adapter_config, dtype)
+            return cls(decoder=model, limits=model.limits)
         decoder: decoder_model.DecoderWeights | None = None
         adapter = None
         if lora.use_unmerged(lora.lora_mode(lora_mode), base_state, dtype):
@@ -100,7 +104,8 @@ class SamplingWeights:
 
     @property
     def model(self) -> decoder_model.DecoderWeights:
-        """The decoder with this snapshot's adapter on every row."""
+        """The decoder with this snapshot's adapter on every row (fast path only)."""
+        assert isinstance(self.decoder, decoder_model.DecoderWeights), "the general path has no compact decoder"
         return self.decoder if self.adapter is None else self.adapter.alone()
 
     @property

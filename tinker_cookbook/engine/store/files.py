@@ -84,7 +84,9 @@ def read_sampler_adapter(directory: Path, source: str, base_state: Mapping[str, 
             module = key.removesuffix(part).removeprefix("base_model.model.")
             target = base_state.get(f"{module}.weight", embed if module == "lm_head" else None)
             outer = 1 - rank_dim  # A is [rank, in] and B is [out, rank], for a base weight of [out, in]
-            if tensor.dim() != 2 or tensor.shape[rank_dim] != rank or (
+            # A fused expert stack (no 2-D base weight of that name) has one rank-r pair per expert: rank x experts.
+            ranks = tensor.shape[rank_dim] % rank if target is None and tensor.dim() == 2 else tensor.shape[rank_dim] != rank
+            if tensor.dim() != 2 or ranks or (
                     target is not None and tensor.shape[outer] != target.shape[outer]):
                 raise BadRequestError(f"{weights_label}: tensor {key!r} has shape {list(tensor.shape)}, which does not "
                                       f"fit rank {rank} on {model_name}; the checkpoint is damaged or for another "

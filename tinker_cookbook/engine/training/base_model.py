@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from tinker_cookbook.engine import settings, vision
+from tinker_cookbook.engine import model_paths, settings, vision
 from tinker_cookbook.engine.models import ModelSpec
-from tinker_cookbook.engine.training import frozen_linear, fused_layers, multi_lora
+from tinker_cookbook.engine.training import frozen_linear, fused_layers, general, multi_lora
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError
 
@@ -60,10 +60,18 @@ class BaseModel:
         # re-casts every weight per call, forward and backward). In bf16 mode only their matmuls are bf16: the
         # activations between them, attention, LoRA and the unembedding (so the logits) stay fp32.
         self.packed_bytes = 0
-        if self.device.type == "cpu" and (compute_dtype == torch.bfloat16 or settings.pack_fp32_base()):
+        self.general = model_paths.is_general(model.config)
+        """On the general path (``engine.model_paths``): the transformers modules as they are, LoRA targets found
+        from them (``general.lora_targets``), no packed weights, no fused layers, no shared-prefix pass."""
+        self._targets = general.lora_targets(model) if self.general else None
+        self._expert_targets: tuple[str, ...] | None = None
+        if self.general:
+            model_paths.check_general(spec.name, model.config)
+            model_paths.announce(spec.name, model.config)
+        elif self.device.type == "cpu" and (compute_dtype == torch.bfloat16 or settings.pack_fp32_base()):
             skip = UNEMBED_MODULES if compute_dtype != torch.float32 else ()
             self.packed_bytes = frozen_linear.install(model, compute_dtype, skip=skip)
-        if self.device.type == "cpu" and settings.fused_layers():
+        if self.device.type == "cpu" and settings.fused_layers() and not self.general:
             fused_layers.install(model)
         self.packs_rows = (getattr(model.config, "_attn_implementation", None) == fused_layers.ATTENTION_NAME
                            and (compute_dtype == torch.float32 or self.packed_bytes > 0))
@@ -78,14 +86,16 @@ class BaseModel:
             *(ATTN_MODULES if lora.train_attn else ()),
             *(MLP_MODULES if lora.train_mlp else ()),
             *(UNEMBED_MODULES if lora.train_unembed else ()),
-        ]
+        ] if self._targets is None else self._targets.modules(lora)
+        parameters = self._targets.parameters(lora) if self._targets is not None else []
+        self._check_expert_targets(parameters)
         config = peft.LoraConfig(
             r=lora.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=targets, bias="none",
-            base_model_name_or_path=self.spec.name,
+            base_model_name_or_path=self.spec.name, target_parameters=parameters or None,
         )
         seed = lora.seed if lora.seed is not None else random.SystemRandom().randrange(2**31)
         # peft initialises LoRA A from the global RNG: seed it locally so callers' RNG streams are untouched.
-        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), general.v5_targets():
             # With tied embeddings a LoRA on lm_head changes only the output projection, which is what
             # train_unembed means; the sampler gives lm_head its own weight when it merges. peft warns anyway.
             warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
@@ -96,6 +106,17 @@ class BaseModel:
                 self._peft_model.add_adapter(name, config)
         for param in self._peft_model.parameters():
             param.requires_grad_(False)
+
+    def _check_expert_targets(self, parameters: list[str]) -> None:
+        """peft adapts fused expert weights of all adapters on one model through the same wrappers: every adapter
+        that targets them must target the same ones (train_mlp on or off does not mix on one base)."""
+        live = self._peft_model is not None and any(
+            getattr(c, "target_parameters", None) for c in self._peft_model.peft_config.values())
+        if parameters and live and self._expert_targets != tuple(parameters):
+            raise BadRequestError(f"train_mlp adapts the experts {parameters}, but another live client on "
+                                  f"{self.spec.name} adapts {list(self._expert_targets or ())}; close it first")
+        if parameters:
+            self._expert_targets = tuple(parameters)
 
     def remove_adapter(self, name: str) -> None:
         if self._peft_model is not None and name in self._peft_model.peft_config:

@@ -69,9 +69,10 @@ def run_group(base: BaseModel, model: Any, items: list[DatumTensors], token_loss
             hidden = vision.language_hidden(model, ids, images)
         elif row_adapters is not None:
             with multi_lora.row_segments(base.lora_layers(), _segments(row_adapters)):
-                hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+                hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
         else:
-            shared = 0 if base.is_vision else passes.shared_prefix_length([item.input_ids.tolist() for item in items])
+            # The general path runs each row whole: its caches (sliding windows, latent attention) are the model's.
+            shared = 0 if base.is_vision or base.general else passes.shared_prefix_length([item.input_ids.tolist() for item in items])
             packed = shared == 0 and base.packs_rows and passes.packable(lengths)
             hidden = (passes.packed_hidden(model, [item.input_ids.to(ids.device) for item in items]) if packed
                       else passes.decoder_hidden(model, ids, shared))

@@ -156,7 +156,7 @@ def decoder_hidden(model: Any, ids: torch.Tensor, shared: int) -> torch.Tensor:
     never sees what follows it), to fp32 rounding; the backward sums each row's gradient into the one prefix.
     """
     if shared == 0:
-        return model.model(input_ids=ids, use_cache=False).last_hidden_state
+        return model.base_model(input_ids=ids, use_cache=False).last_hidden_state
     prefix = model.model(input_ids=ids[:1, :shared], use_cache=True)
     cache = prefix.cache
     cache.batch_repeat_interleave(ids.shape[0])
