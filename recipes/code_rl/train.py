@@ -3,7 +3,7 @@
     python -m recipes.code_rl.train                              # SmolLM2-135M-Instruct, the offline problems, CPU
     python -m recipes.code_rl.train model_name=tinker-cookbook/tiny-smollm2 max_steps=2   # smoke test, seconds
     python -m recipes.code_rl.train source=deepcoder max_tokens=2048 model_name=Qwen/Qwen3-8B   # DeepCoder (hub)
-    python -m recipes.code_rl.train sandbox.isolation=bwrap sandbox.wall_s=10   # require bubblewrap, longer runs
+    python -m recipes.code_rl.train isolation=bwrap wall_s=10     # require bubblewrap, longer runs
     python -m recipes.code_rl.train --help                       # every key, its default and what it does
 
 The docs' spelling, ``python -m tinker_cookbook.recipes.code_rl.train``, runs this same file.

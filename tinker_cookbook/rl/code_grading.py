@@ -101,5 +101,7 @@ async def run_tests(sandbox: Sandbox, problem: CodeProblem, code: str | None) ->
         return TestReport(0, total, Outcome.CRASH, "the tests did not finish (the solution ended the process)")
     report = json.loads(reports[-1])
     if report["error"] is not None and report["passed"] == 0:
-        return TestReport(0, total, Outcome.CRASH, f"the solution raised {report['error'][:300]}")
+        # The harness caught it, so the run itself ended ok; report the failure the way the sandbox would have.
+        outcome = Outcome.MEMORY if report["error"].startswith("MemoryError") else Outcome.CRASH
+        return TestReport(0, total, outcome, f"the solution raised {report['error'][:300]}")
     return TestReport(int(report["passed"]), total, Outcome.OK, f"{report['passed']}/{total} tests passed")
