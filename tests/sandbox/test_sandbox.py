@@ -9,7 +9,6 @@ out of it, and generous elsewhere so that a loaded machine cannot turn a fast cr
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import time
 import uuid
@@ -188,7 +187,8 @@ def test_an_exception_is_a_crash_with_its_message(mode, tmp_path):
 
 
 def test_bad_programs_side_by_side_do_not_stop_a_good_one(mode, tmp_path):
-    config = SandboxConfig(isolation=mode, wall_s=1.5, cpu_s=1, memory_mb=256, max_concurrency=2)  # type: ignore[arg-type]
+    # 3 s of wall clock: enough for the good program to start on a loaded machine while a bad one holds a slot.
+    config = SandboxConfig(isolation=mode, wall_s=3.0, cpu_s=1, memory_mb=256, max_concurrency=2)  # type: ignore[arg-type]
     sandbox = Sandbox(config, root_dir=str(tmp_path))
 
     async def batch() -> list[SandboxResult]:
@@ -220,4 +220,4 @@ def test_the_run_directory_is_the_only_writable_place_even_for_the_environment(m
     result = run(mode, tmp_path / "runs", "import os, tempfile\nprint(os.environ['HOME'] == os.getcwd(), "
                  "tempfile.gettempdir() == os.getcwd(), sorted(os.environ))")
     assert result.stdout.startswith("True True"), result
-    assert os.environ.get("PATH", "") not in ("", None)
+    assert "PYTHONPATH" not in result.stdout and "TINKER" not in result.stdout
