@@ -37,10 +37,24 @@ class Isolation:
     """``bwrap``: bubblewrap's namespaces and read-only filesystem; ``plain``: our own launcher's."""
     namespaces: tuple[str, ...]
     """New namespaces of a plain run (``pid``, ``net``, and ``user`` when not root); bwrap makes its own."""
-    landlock: bool
-    """Plain runs cannot write outside their directory (Landlock)."""
+    landlock_abi: int
+    """The kernel's Landlock version (0: none). 1+: plain runs cannot write outside their directory; 4+: nor use
+    TCP; 6+: nor signal processes outside the sandbox."""
     cgroup_base: str | None
     """Where each run gets its own pids cgroup (None: no cgroup; fork bombs are stopped by the clock only)."""
+
+    @property
+    def landlock(self) -> bool:
+        return self.landlock_abi >= 1
+
+    @property
+    def contains_escapees(self) -> bool:
+        """Whether a process that leaves the run's process group (``setsid``) still dies with the run."""
+        return self.mode == "bwrap" or "pid" in self.namespaces or self.cgroup_base is not None
+
+    @property
+    def blocks_network(self) -> bool:
+        return self.mode == "bwrap" or "net" in self.namespaces or self.landlock_abi >= 4
 
     def describe(self) -> str:
         if self.mode == "bwrap":
@@ -53,11 +67,11 @@ class Isolation:
 
 
 @functools.cache
-def _probe_launcher() -> tuple[tuple[str, ...], bool]:
+def _probe_launcher() -> tuple[tuple[str, ...], int]:
     out = subprocess.run([sys.executable, *PYTHON_FLAGS, LAUNCHER, "--probe"], capture_output=True, text=True,
                          timeout=_PROBE_TIMEOUT_S, check=True, start_new_session=True)
     found = json.loads(out.stdout)
-    return tuple(found["namespaces"]), found["landlock_abi"] >= 1
+    return tuple(found["namespaces"]), int(found["landlock_abi"])
 
 
 @functools.cache
@@ -138,8 +152,8 @@ def isolation_for(mode: IsolationMode) -> Isolation:
         raise ConfigurationError(
             "sandbox isolation='bwrap' but bubblewrap is not installed or cannot make namespaces here; install it "
             "(Debian/Ubuntu: apt-get install bubblewrap) or use isolation='plain' or 'auto'")
-    namespaces, landlock = _probe_launcher()
-    return Isolation("bwrap" if bwrap else "plain", namespaces, landlock, cgroup_base())
+    namespaces, landlock_abi = _probe_launcher()
+    return Isolation("bwrap" if bwrap else "plain", namespaces, landlock_abi, cgroup_base())
 
 
 def bwrap_argv(workdir: str, program: list[str]) -> list[str]:
