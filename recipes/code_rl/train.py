@@ -13,6 +13,10 @@ Default: 39 one-function problems of ``tinker_cookbook.rl.code_problems`` (13 mo
 assertions in the sandbox; reward = fraction of tests passed - 0.1 * (no code block, or cut off). The held-out
 problems (4 samples each) measure ``test/env/all/correct`` at the start and the end. docs/code-rl.md says what the
 sandbox protects against and what it does not.
+
+Measured on 2 shared CPU cores (fast malloc on), 7.2 min for the 10 iterations: held-out ``test/env/all/correct``
+0.29 -> 0.77 (``pass_fraction`` 0.38 -> 0.85); ``env/all/correct`` per iteration 0.31, 0.41, 0.47, 0.50, 0.66,
+0.88, 0.78, 0.81, 0.69, 0.78.
 """
 
 from __future__ import annotations
