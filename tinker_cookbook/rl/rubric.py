@@ -105,13 +105,12 @@ class Rubric:
 
     def get_grader_prompt(self, convo: Conversation) -> Conversation:
         """The free-text grader's one user message; ``convo`` ends with the completion to grade."""
-        lines = self._context_lines(convo) + [
-            f"Please grade the chatbot's completion based on the rubric. {self.grader_output_format_instruction}"]
+        lines = [*self._context_lines(convo), f"Please grade the chatbot's completion based on the rubric. {self.grader_output_format_instruction}"]
         return [{"role": "user", "content": "\n".join(lines)}]
 
     def get_yes_no_prompt(self, convo: Conversation) -> Conversation:
         """The probability grader's one user message: the same material and a yes/no question."""
-        return [{"role": "user", "content": "\n".join(self._context_lines(convo) + [YES_NO_INSTRUCTION])}]
+        return [{"role": "user", "content": "\n".join([*self._context_lines(convo), YES_NO_INSTRUCTION])}]
 
     def parse_score(self, response: str) -> Grade:
         """The score ``extraction_regex`` finds in ``response``: a number in [0, 1], or 0 and the reason."""
@@ -203,8 +202,12 @@ def weighted_mean(rubric_items: Sequence[Rubric], scores: Sequence[float]) -> fl
 
 
 def yes_probability(logprob_yes: float, logprob_no: float) -> float:
-    """``P(Yes) / (P(Yes) + P(No))`` from the two log-probabilities (a logistic of their difference: stable)."""
-    return 1.0 / (1.0 + math.exp(logprob_no - logprob_yes))
+    """``P(Yes) / (P(Yes) + P(No))`` from the two log-probabilities: a logistic of their difference, its
+    exponent kept non-positive so that it cannot overflow."""
+    diff = logprob_yes - logprob_no
+    if diff >= 0:
+        return 1.0 / (1.0 + math.exp(-diff))
+    return math.exp(diff) / (1.0 + math.exp(diff))
 
 
 # -- graders ----------------------------------------------------------------------------------------------------
@@ -314,7 +317,7 @@ class RubricGradedEnv(Env):
             logtree.log_formatter(ConversationFormatter(messages=[message]))
         with logtree.scope_header("Rubric Grades"):
             logtree.table([{"#": i, "weight": r.weight, "score": f"{g.score:.3f}", "criterion": r.rubric_str,
-                            "grader": g.detail[:200]} for i, (r, g) in enumerate(zip(items, grades), start=1)])
+                            "grader": g.detail[:200]} for i, (r, g) in enumerate(zip(items, grades, strict=True), start=1)])
             for error in errors:
                 logtree.log_text(f"malformed grade, scored 0: {error}")
         logs: dict[str, str | int | float] = {"grades": "; ".join(g.detail[:200] for g in grades)[:500]}
