@@ -15,9 +15,10 @@ from recipes.preference.shorter.env import (
 from tinker_cookbook.exceptions import ConfigurationError
 from tinker_cookbook.preference.comparison_env import play_matchups
 from tinker_cookbook.preference.preference_model import PreferenceModel
-from tinker_cookbook.preference.types import Comparison
+from tinker_cookbook.preference.types import Comparison, completion_text
+from tinker_cookbook.renderers import Message
 
-PROMPT = [{"role": "user", "content": "Why is the sky blue?"}]
+PROMPT: list[Message] = [{"role": "user", "content": "Why is the sky blue?"}]
 
 
 def _cmp(a: str, b: str) -> Comparison:
@@ -35,8 +36,8 @@ class FixedQuality(PreferenceModel):
         self.quality, self.p = quality, p
 
     async def prob_a_better(self, comparison: Comparison) -> float:
-        qa = self.quality[comparison.completion_A[0]["content"]]
-        qb = self.quality[comparison.completion_B[0]["content"]]
+        qa = self.quality[completion_text(comparison.completion_A)]
+        qb = self.quality[completion_text(comparison.completion_B)]
         return 0.5 if qa == qb else self.p if qa > qb else 1.0 - self.p
 
 
