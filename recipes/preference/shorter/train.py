@@ -55,10 +55,10 @@ def blueprint() -> chz.Blueprint[train.Config]:
         "dataset_builder.format_penalty": 0.5,
         "learning_rate": 3e-4,
         "max_tokens": 64,
-        "max_steps": 20,
+        "max_steps": 10,
         "remove_constant_reward_groups": True,
         "eval_every": 10,
-        "save_every": 20,
+        "save_every": 10,
         "behavior_if_log_dir_exists": "ask",
     }, layer_name="shorter defaults")
 
