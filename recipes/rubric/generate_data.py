@@ -48,7 +48,7 @@ def datapoint(template: tuple[str, list[tuple[str, float]]], topic: str) -> Rubr
     instruction, criteria = template
     return RubricBasedDatapoint(
         convo=[{"role": "user", "content": instruction.format(topic=topic)}],
-        rubric_items=[Rubric(text.format(topic=topic), weight) for text, weight in criteria],
+        rubric_items=[Rubric(text.format(topic=topic), weight=weight) for text, weight in criteria],
     )
 
 

@@ -1,16 +1,18 @@
 """Rubric-graded RL (``tinker_cookbook.rl.rubric`` on ``tinker_cookbook.rl.train``).
 
     python -m recipes.rubric.train                            # SmolLM2-135M-Instruct, graded by itself, offline set
+    python -m recipes.rubric.train dataset_builder.grader=text   # a written score read by each criterion's regex
     python -m recipes.rubric.train max_steps=2 model_name=tinker-cookbook/tiny-smollm2   # smoke test
     python -m recipes.rubric.train dataset_builder.grader_model=Qwen/Qwen3-8B   # a stronger grader, where available
     python -m recipes.rubric.train dataset_builder.train_file=my_rubrics.jsonl dataset_builder.test_file=None
 
 The recipe is a chz Blueprint of the loop's ``Config`` with the defaults below applied; any field of ``Config`` or
 of the dataset builder (``dataset_builder.<field>``) can be set on the command line (``--help`` lists them).
-The policy replies to each instruction; one greedy grader call scores the reply on each of the instruction's
-criteria (``<number>: <score>`` lines); the reward is the weighted sum of the scores, a malformed grade scoring 0.
-``env/all/rubric_score`` and, on the held-out topics, ``test/env/all/rubric_score`` (every ``eval_every``
-iterations) are the mean rubric scores; ``env/all/grade_malformed`` is how often the grader's answer was unreadable.
+The policy replies to each instruction; each of the instruction's criteria is graded on its own, by default as
+the grader's P(Yes) / (P(Yes) + P(No)) after a yes/no question (``dataset_builder.grader=text``: a written score,
+a malformed one scoring 0); the reward is the weighted mean of the scores. ``env/all/rubric_score`` and, on the
+held-out topics, ``test/env/all/rubric_score`` (every ``eval_every`` iterations) are the mean rubric scores;
+``env/all/grade_malformed`` is the share of criteria whose written grade was unreadable (always 0 by probability).
 Regenerate the data with ``python -m recipes.rubric.generate_data``.
 """
 
@@ -39,10 +41,10 @@ def blueprint() -> chz.Blueprint[train.Config]:
         "dataset_builder.num_epochs": 1,
         "learning_rate": 3e-4,
         "max_tokens": 48,
-        "max_steps": 30,
+        "max_steps": 10,
         "remove_constant_reward_groups": True,
-        "eval_every": 10,
-        "save_every": 30,
+        "eval_every": 5,
+        "save_every": 10,
         "behavior_if_log_dir_exists": "ask",
     }, layer_name="rubric defaults")
 

@@ -165,6 +165,9 @@ def test_win_rate_of_a_policy_against_itself_is_one_half(renderer, tiny_client):
     metrics = asyncio.run(evaluator(tiny_client))  # same weights, same seeds: the same replies on both sides
     assert metrics["win_rate/win_rate"] == 0.5 and metrics["win_rate/num_matchups"] == 4
     assert metrics["win_rate/stderr"] == 0.0
+    # Same replies: the same mean length, at most the budget of 8 tokens.
+    assert metrics["win_rate/reply_tokens"] == metrics["win_rate/reference_reply_tokens"]
+    assert 0 < metrics["win_rate/reply_tokens"] <= 8
 
 
 def test_win_rate_builder_renders_the_policies_with_their_own_renderer():

@@ -15,9 +15,10 @@ from recipes.preference.shorter.env import (
 from tinker_cookbook.exceptions import ConfigurationError
 from tinker_cookbook.preference.comparison_env import play_matchups
 from tinker_cookbook.preference.preference_model import PreferenceModel
-from tinker_cookbook.preference.types import Comparison
+from tinker_cookbook.preference.types import Comparison, completion_text
+from tinker_cookbook.renderers import Message
 
-PROMPT = [{"role": "user", "content": "Why is the sky blue?"}]
+PROMPT: list[Message] = [{"role": "user", "content": "Why is the sky blue?"}]
 
 
 def _cmp(a: str, b: str) -> Comparison:
@@ -35,8 +36,8 @@ class FixedQuality(PreferenceModel):
         self.quality, self.p = quality, p
 
     async def prob_a_better(self, comparison: Comparison) -> float:
-        qa = self.quality[comparison.completion_A[0]["content"]]
-        qb = self.quality[comparison.completion_B[0]["content"]]
+        qa = self.quality[completion_text(comparison.completion_A)]
+        qb = self.quality[completion_text(comparison.completion_B)]
         return 0.5 if qa == qb else self.p if qa > qb else 1.0 - self.p
 
 
@@ -67,3 +68,32 @@ def test_in_a_group_the_shorter_replies_earn_more():
                                                                                       for j in range(i + 1, 4)]))
     # All pairs among 4 replies: each plays 3 matchups and wins those against longer replies.
     assert wins == pytest.approx([0.0, 1.0, 2 / 3, 1 / 3])
+
+
+def test_with_a_preference_model_the_recipe_measures_it_against_the_initial_policy(tmp_path):
+    """The recipe end to end on a tiny model whose untrained LoRA weights stand in for stage 2's model: the
+    held-out win rate against the initial policy under that model alone, and both policies' reply lengths."""
+    import json
+
+    from recipes.preference.shorter import train as recipe
+    from tinker_cookbook import tinker
+    from tinker_cookbook.eval.custom_evaluators import ComparisonEvaluatorBuilder
+
+    tiny = "tinker-cookbook/tiny-smollm2"
+    client = tinker.ServiceClient().create_lora_training_client(tiny, rank=4, seed=0)
+    pm_path = client.save_weights_for_sampler("stand-in-preference-model").result().path
+    argv = [f"model_name={tiny}", "max_steps=1", "lora_rank=4", "eval_every=1", f"log_path={tmp_path / 'run'}",
+            "behavior_if_log_dir_exists=delete", "dataset_builder.batch_size=1", "dataset_builder.group_size=2",
+            "max_tokens=4", f"dataset_builder.preference_model_builder.model_path={pm_path}"]
+    config = recipe.with_quality_evaluation(recipe.blueprint().make_from_argv(argv))
+    (evaluator,) = [e for e in config.evaluator_builders if isinstance(e, ComparisonEvaluatorBuilder)]
+    assert evaluator.reference_base_model == tiny and evaluator.reference_model_path is None
+    assert evaluator.preference_model_builder.model_path == pm_path and evaluator.name == "pm_score"
+    # Length alone: no preference model to measure with, the config is unchanged.
+    plain = recipe.blueprint().make_from_argv(argv[:-1])
+    assert recipe.with_quality_evaluation(plain) is plain
+    recipe.main(recipe.blueprint().make_from_argv(argv))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    first = next(r for r in rows if "pm_score/win_rate" in r)
+    assert first["pm_score/win_rate"] == 0.5  # step 0: the initial policy against itself, same seeds
+    assert first["pm_score/reply_tokens"] == first["pm_score/reference_reply_tokens"] > 0

@@ -25,6 +25,9 @@ OFFICIAL_NAMES = [
      ["TwoPlayerCoordinator", "TwoPlayerEnv", "TwoPlayerEnvGroupBuilder", "TwoPlayerTextArenaDataset",
       "TwoPlayerTextArenaDatasetBuilder", "ILLEGAL_MOVE_REWARD", "STOP_CONDITION"]),
     ("tinker_cookbook.recipes.multiplayer_rl.text_arena.train", ["main"]),
+    ("tinker_cookbook.recipes.multiplayer_rl.text_arena.tictactoe",
+     ["OpponentType", "RandomOpponent", "OptimalOpponent", "make_opponent"]),
+    ("tinker_cookbook.recipes.multiplayer_rl.text_arena.play", ["PlayConfig", "play_game", "main"]),
     ("tinker_cookbook.recipes.rubric.data", ["Rubric", "RubricBasedDatapoint"]),
     ("tinker_cookbook.recipes.rubric.env",
      ["RubricGradedEnv", "RubricGradedEnvGroupBuilder", "RubricGradedDataset", "RubricGradedDatasetBuilder"]),
@@ -41,6 +44,8 @@ OFFICIAL_NAMES = [
     ("tinker_cookbook.recipes.verifiers_rl.verifiers_env",
      ["VerifiersEnvGroupBuilder", "VerifiersRLDataset", "VerifiersRLDatasetBuilder"]),
     ("tinker_cookbook.recipes.verifiers_rl.train", ["main"]),
+    ("tinker_cookbook.recipes.verifiers_rl.tinker_openai", ["TinkerAsyncOpenAIClient"]),
+    ("tinker_cookbook.recipes.verifiers_rl.evaluate", ["CLIConfig", "evaluate", "log_results", "cli_main"]),
 ]
 
 

@@ -28,7 +28,7 @@ import chz
 from tinker_cookbook import renderers, tinker
 from tinker_cookbook.completers import MessageCompleter, TinkerMessageCompleter
 from tinker_cookbook.eval.evaluators import SamplingClientEvaluator
-from tinker_cookbook.exceptions import DataFormatError
+from tinker_cookbook.exceptions import ConfigurationError, DataFormatError
 from tinker_cookbook.preference.types import LabeledComparison
 
 if TYPE_CHECKING:
@@ -262,7 +262,8 @@ class ComparisonEvaluator(SamplingClientEvaluator):
     policy's reply with it shown first and with it shown second, 0.5 when the two orders disagree, 0 otherwise;
     a reply that is empty or cut off at ``max_tokens`` loses to a valid one (two invalid ones: 0.5).
     Metrics under ``name``: ``win_rate``, ``stderr`` (of the mean over matchups), ``win_prob`` (the judge's mean
-    probability, orders averaged), ``format`` (valid policy replies) and ``num_matchups``.
+    probability, orders averaged), ``format`` (valid policy replies), ``num_matchups``, and the mean reply lengths
+    in tokens, ``reply_tokens`` (the policy's) and ``reference_reply_tokens``.
     """
 
     def __init__(self, prompts: Sequence[list[renderers.Message]], reference_client: tinker.SamplingClient,
@@ -279,17 +280,18 @@ class ComparisonEvaluator(SamplingClientEvaluator):
         self.samples_per_prompt = samples_per_prompt
         self.seed = seed
         self.name = name
-        self._reference: list[tuple[renderers.Message, bool]] | None = None
+        self._reference: list[tuple[renderers.Message, bool, int]] | None = None
 
-    async def _replies(self, client: tinker.SamplingClient) -> list[tuple[renderers.Message, bool]]:
+    async def _replies(self, client: tinker.SamplingClient) -> list[tuple[renderers.Message, bool, int]]:
+        """Each prompt's replies: the message, whether it is valid, and its length in sampled tokens."""
         from tinker_cookbook.preference.comparison_env import parse_reply
 
-        async def sample(index: int, prompt: list[renderers.Message]) -> list[tuple[renderers.Message, bool]]:
+        async def sample(index: int, prompt: list[renderers.Message]) -> list[tuple[renderers.Message, bool, int]]:
             params = tinker.SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature,
                                            seed=self.seed + index, stop=self.renderer.get_stop_sequences())
             response = await client.sample_async(self.renderer.build_generation_prompt(prompt),
                                                  self.samples_per_prompt, params)
-            return [parse_reply(self.renderer, seq.tokens) for seq in response.sequences]
+            return [(*parse_reply(self.renderer, seq.tokens), len(seq.tokens)) for seq in response.sequences]
 
         per_prompt = await asyncio.gather(*(sample(i, p) for i, p in enumerate(self.prompts)))
         return [reply for replies in per_prompt for reply in replies]
@@ -303,11 +305,11 @@ class ComparisonEvaluator(SamplingClientEvaluator):
             self._reference = await self._replies(self.reference_client)
         policy = await self._replies(sampling_client)
         prompts = [p for p in self.prompts for _ in range(self.samples_per_prompt)]
-        judged = [i for i, ((_, ok), (_, ref_ok)) in enumerate(zip(policy, self._reference, strict=True))
+        judged = [i for i, ((_, ok, _), (_, ref_ok, _)) in enumerate(zip(policy, self._reference, strict=True))
                   if ok and ref_ok]
         verdicts = await judge_both_orders(self.preference_model, [
             Comparison(prompts[i], [policy[i][0]], [self._reference[i][0]]) for i in judged])
-        wins = [unjudged_score(ok, ref_ok) for (_, ok), (_, ref_ok) in zip(policy, self._reference, strict=True)]
+        wins = [unjudged_score(ok, ref_ok) for (_, ok, _), (_, ref_ok, _) in zip(policy, self._reference, strict=True)]
         probs = list(wins)
         for k, i in enumerate(judged):
             wins[i] = verdicts.decided(k)
@@ -317,20 +319,25 @@ class ComparisonEvaluator(SamplingClientEvaluator):
         variance = sum((w - mean) ** 2 for w in wins) / max(n - 1, 1)
         return {f"{self.name}/win_rate": mean, f"{self.name}/stderr": (variance / n) ** 0.5,
                 f"{self.name}/win_prob": sum(probs) / n,
-                f"{self.name}/format": sum(ok for _, ok in policy) / n, f"{self.name}/num_matchups": float(n)}
+                f"{self.name}/format": sum(ok for _, ok, _ in policy) / n, f"{self.name}/num_matchups": float(n),
+                f"{self.name}/reply_tokens": sum(length for _, _, length in policy) / n,
+                f"{self.name}/reference_reply_tokens": sum(length for _, _, length in self._reference) / n}
 
 
 @chz.chz
 class ComparisonEvaluatorBuilder:
     """A ``ComparisonEvaluator`` on the distinct test prompts of ``comparison_builder`` (at most ``max_prompts``),
-    against the reference policy in ``reference_model_path``, judged by ``preference_model_builder``."""
+    against the reference policy (the checkpoint ``reference_model_path``, or ``reference_base_model``'s base
+    weights), judged by ``preference_model_builder``."""
 
     comparison_builder: Any
     """A ``preference_datasets.ComparisonDatasetBuilder`` whose test split holds the held-out prompts."""
     preference_model_builder: Any
     """A ``preference_model.PreferenceModelBuilder``."""
-    reference_model_path: str
+    reference_model_path: str | None = None
     """The reference policy's sampler checkpoint (in RLHF: the SFT policy)."""
+    reference_base_model: str | None = None
+    """Or a base model's weights as the reference (e.g. the policy before training); set exactly one."""
     model_name: str
     """The policies' base model (tokenizer and renderer)."""
     renderer_name: str | None = None
@@ -347,7 +354,14 @@ class ComparisonEvaluatorBuilder:
 
         test = _test_split(self.comparison_builder, "of held-out prompts")
         prompts = distinct_prompts(test, self.max_prompts)
-        reference = tinker.ServiceClient().create_sampling_client(model_path=self.reference_model_path)
+        if (self.reference_model_path is None) == (self.reference_base_model is None):
+            raise ConfigurationError("set exactly one of reference_model_path (a sampler checkpoint) and "
+                                     f"reference_base_model; got {self.reference_model_path!r} and "
+                                     f"{self.reference_base_model!r}")
+        service = tinker.ServiceClient()
+        reference = (service.create_sampling_client(model_path=self.reference_model_path)
+                     if self.reference_model_path is not None
+                     else service.create_sampling_client(base_model=self.reference_base_model))
         renderer = renderers.renderer_for(self.model_name, self.renderer_name)  # the policy's (the judge has its own)
         return ComparisonEvaluator(prompts, reference, self.preference_model_builder(), renderer, self.max_tokens,
                                    self.temperature, self.samples_per_prompt, self.seed, self.name)

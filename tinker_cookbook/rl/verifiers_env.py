@@ -87,7 +87,8 @@ class BridgeClient:
         self.chat = _Chat(self)
 
 
-def _as_messages(openai_messages: Sequence[dict[str, Any]]) -> list[Message]:
+def as_messages(openai_messages: Sequence[dict[str, Any]]) -> list[Message]:
+    """OpenAI-style chat messages as the renderer's messages (text content only)."""
     out: list[Message] = []
     for m in openai_messages:
         content = m.get("content")
@@ -127,7 +128,7 @@ class VerifiersEnv(Env):
                 raise RuntimeError(f"the verifiers rollout failed: {error!r}") from error
             return None
         messages, self._reply = item
-        return self.renderer.build_generation_prompt(_as_messages(messages))
+        return self.renderer.build_generation_prompt(as_messages(messages))
 
     async def initial_observation(self) -> tuple[Observation, StopCondition]:
         self._task = asyncio.ensure_future(self._run())
@@ -175,6 +176,18 @@ class VerifiersEnvGroupBuilder(EnvGroupBuilder):
 
     def logging_tags(self) -> list[str]:
         return [self.tag]
+
+
+def load_vf_environment(vf_env_id: str, vf_env_args: dict[str, Any]) -> Any:
+    """An installed environment module (``vf.load_environment(vf_env_id, **vf_env_args)``), or ``module:function``
+    naming a function that returns the environment (e.g. the project's offline example)."""
+    vf = _verifiers()
+    if ":" in vf_env_id:
+        import importlib
+
+        module, _, function = vf_env_id.partition(":")
+        return getattr(importlib.import_module(module), function)(**vf_env_args)
+    return vf.load_environment(vf_env_id, **vf_env_args)
 
 
 def rollout_inputs(dataset: Any) -> list[dict[str, Any]]:
@@ -225,13 +238,7 @@ class VerifiersRLDatasetBuilder(RLDatasetBuilder):
     dataset_seed: int | None = 0
 
     def load_env(self) -> Any:
-        vf = _verifiers()
-        if ":" in self.vf_env_id:
-            import importlib
-
-            module, _, function = self.vf_env_id.partition(":")
-            return getattr(importlib.import_module(module), function)(**self.vf_env_args)
-        return vf.load_environment(self.vf_env_id, **self.vf_env_args)
+        return load_vf_environment(self.vf_env_id, self.vf_env_args)
 
     async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
         vf_env = self.load_env()

@@ -2,6 +2,7 @@
 
     python -m recipes.preference.rlhf.rlhf_pipeline                            # all three stages, offline, CPU
     python -m recipes.preference.rlhf.rlhf_pipeline run_sft=False run_rm=False # stage 3 only, from saved stages
+    python -m recipes.preference.rlhf.rlhf_pipeline run_sft=False run_rl=False # the preference model alone
     python -m recipes.preference.rlhf.rlhf_pipeline model_name=tinker-cookbook/tiny-smollm2 \\
         sft.max_steps=1 rm.max_steps=1 rl.max_steps=1                          # smoke test, seconds
     python -m recipes.preference.rlhf.rlhf_pipeline dataset=hub model_name=meta-llama/Llama-3.2-1B \\
@@ -233,12 +234,12 @@ async def run_pipeline(cfg: Config) -> None:
     if cfg.run_sft:
         logger.info("stage 1/3: SFT of the policy in %s", cfg.sft.log_path)
         await sl_train.main(cfg.sft)
-    sft = handoff_checkpoint(cfg.sft.log_path, "sft", cfg.run_sft)
-    if cfg.run_rm:
+    if cfg.run_rm:  # the preference model starts from the base weights: it needs no SFT checkpoint
         logger.info("stage 2/3: preference model in %s", cfg.rm.log_path)
         await sl_train.main(stage2_config(cfg))
-    rm = handoff_checkpoint(cfg.rm.log_path, "rm", cfg.run_rm)
     if cfg.run_rl:
+        sft = handoff_checkpoint(cfg.sft.log_path, "sft", cfg.run_sft)
+        rm = handoff_checkpoint(cfg.rm.log_path, "rm", cfg.run_rm)
         logger.info("stage 3/3: RL against the preference model in %s", cfg.rl.log_path)
         await rl_train.main(stage3_config(cfg, sft, rm))
 

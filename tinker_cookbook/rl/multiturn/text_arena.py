@@ -1,7 +1,8 @@
 """Tic-tac-toe for two players, where one or both seats are the policy (self-play RL, in the spirit of TextArena).
 
 A ``Match`` is one game shared by the two seats. Each seat is either a policy env (``TwoPlayerEnv``: the RL loop
-rolls it out like any env) or a fixed opponent (a ``MessageCompleter``: ``RandomOpponent``, or a sampling client
+rolls it out like any env) or a fixed opponent (a ``MessageCompleter``: ``RandomOpponent``, ``OptimalOpponent``
+(minimax: it never loses), or a sampling client
 of a checkpoint or of the initial policy through ``TinkerMessageCompleter``). In self-play both seats of a match
 are envs of one group, so the group's rewards are one game seen from both sides.
 
@@ -16,13 +17,14 @@ Metrics on each seat's last step (means over episodes): ``win``, ``loss``, ``dra
 opponent's illegal move), ``illegal_move`` (this seat forfeited), ``opponent_illegal_move``, ``moves``; and
 ``idle_seat`` per episode: the seat's game ended before its first move (X forfeited at once). An idle seat still has
 to answer one prompt (an env cannot end before its first action); its group reward makes its advantage exactly 0. Test groups
-are tagged ``vs_random`` or ``vs_initial`` (or ``vs_checkpoint``), so ``test/env/vs_random/win`` is the win rate
+are tagged ``vs_random`` or ``vs_initial`` (or ``vs_optimal``, ``vs_checkpoint``), so ``test/env/vs_random/win`` is the win rate
 against a random player and ``test/env/vs_initial/win`` the win rate against the policy before training.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import re
 from collections.abc import Sequence
@@ -55,7 +57,7 @@ STOP_CONDITION: StopCondition = ["]"]
 ILLEGAL_MOVE_REWARD = -2.0
 _MOVE = re.compile(r"\[\s*(\d+)\s*\]?")  # "]" is the stop string, so a sampled reply usually ends before it
 
-OpponentKind = Literal["random", "initial", "checkpoint"]
+OpponentKind = Literal["random", "optimal", "initial", "checkpoint"]
 
 
 @dataclass
@@ -171,6 +173,67 @@ class RandomOpponent(MessageCompleter):
         if not moves:
             raise ValueError("RandomOpponent was shown no 'Legal moves:' line; it plays only prompts of prompt_for()")
         return {"role": "assistant", "content": f"[{self.rng.choice(moves)}]"}
+
+
+def read_board(prompt: str) -> tuple[list[str], str]:
+    """The cells ("X", "O" or "") and the mover's mark, read back from a ``prompt_for`` prompt."""
+    mark = re.search(r"You play ([XO])", prompt)
+    rows = [ln for ln in prompt.splitlines() if ln.count("|") == 2]
+    cells = [c.strip() for row in rows[-3:] for c in row.split("|")]
+    if mark is None or len(cells) != 9:
+        raise ValueError("the prompt has no 'You play X|O' or no 3x3 board; an opponent reads prompt_for() prompts")
+    return [c if c in MARKS else "" for c in cells], mark.group(1)
+
+
+@functools.cache  # a few thousand positions: the whole game tree is memoised after one call
+def _search(cells: tuple[str, ...], mark: str) -> tuple[int, int | None]:
+    """(score, best cell) for ``mark`` to move: positive a forced win, the larger the sooner (1 + the cells left
+    empty when it ends), negative a forced loss, the nearer 0 the later, 0 a draw. Ties go to the lowest cell."""
+    game = TicTacToe(list(cells), MARKS.index(mark))
+    if game.winner() is not None:  # the previous mover has won
+        return -(1 + cells.count("")), None
+    if all(cells):
+        return 0, None
+    other = MARKS[1 - MARKS.index(mark)]
+    best: tuple[int, int | None] = (-100, None)
+    for move in game.legal_moves():
+        score = -_search((*cells[:move], mark, *cells[move + 1:]), other)[0]
+        if score > best[0]:
+            best = (score, move)
+    return best
+
+
+def minimax(cells: tuple[str, ...], mark: str) -> tuple[int, int | None]:
+    """(value, best cell) for ``mark`` to move: value +1 a forced win, 0 a draw, -1 a forced loss. The best cell
+    wins soonest (or loses latest); among equal ones the lowest, so the player is deterministic."""
+    score, move = _search(cells, mark)
+    return (score > 0) - (score < 0), move
+
+
+class OptimalOpponent(MessageCompleter):
+    """Perfect play by minimax on the board in the prompt: it never loses (two of them always draw)."""
+
+    async def __call__(self, messages: list[Message]) -> Message:
+        cells, mark = read_board(message_text(messages[-1]))
+        return {"role": "assistant", "content": f"[{minimax(tuple(cells), mark)[1]}]"}
+
+
+def make_opponent(kind: OpponentKind, model_name: str, renderer: Renderer, *, seed: int | None = None,
+                  checkpoint: str | None = None, max_tokens: int = 8, temperature: float = 1.0) -> MessageCompleter:
+    """A fixed player by kind: ``random``, ``optimal`` (minimax), ``initial`` (``model_name``'s base weights) or
+    ``checkpoint`` (the sampler checkpoint ``checkpoint``)."""
+    if kind == "random":
+        return RandomOpponent(seed)
+    if kind == "optimal":
+        return OptimalOpponent()
+    from tinker_cookbook.completers import TinkerMessageCompleter
+
+    if kind == "checkpoint" and checkpoint is None:
+        raise ValueError("a 'checkpoint' opponent needs a sampler checkpoint path (tinker://...)")
+    service = tinker.ServiceClient()
+    client = (service.create_sampling_client(model_path=checkpoint) if kind == "checkpoint"
+              else service.create_sampling_client(base_model=model_name))
+    return TinkerMessageCompleter(client, renderer, max_tokens, temperature=temperature, stop_condition=STOP_CONDITION)
 
 
 class TwoPlayerEnv(Env):
@@ -293,7 +356,8 @@ class TwoPlayerTextArenaDatasetBuilder(RLDatasetBuilder):
     """Self-play: games per group (two envs each); against a fixed opponent: envs per group."""
     num_batches: int = 50
     train_opponent: OpponentKind | None = None
-    """None: self-play. ``random``, ``initial`` (the base model) or ``checkpoint`` (``opponent_checkpoint``)."""
+    """None: self-play. ``random``, ``optimal`` (minimax), ``initial`` (the base model) or ``checkpoint``
+    (``opponent_checkpoint``)."""
     test_opponents: tuple[OpponentKind, ...] = ("random", "initial")
     """Fixed players the test set plays against (each a tag: ``test/env/vs_<kind>/win``)."""
     test_games: int = 16
@@ -315,16 +379,10 @@ class TwoPlayerTextArenaDatasetBuilder(RLDatasetBuilder):
             raise ValueError("a 'checkpoint' opponent needs opponent_checkpoint=tinker://... (a sampler checkpoint)")
 
     def make_opponent(self, kind: OpponentKind, seed: int) -> MessageCompleter:
-        if kind == "random":
-            return RandomOpponent(seed)
-        from tinker_cookbook.completers import TinkerMessageCompleter
-
-        service = tinker.ServiceClient()
-        client = (service.create_sampling_client(model_path=self.opponent_checkpoint) if kind == "checkpoint"
-                  else service.create_sampling_client(base_model=self.model_name_for_tokenizer))
-        return TinkerMessageCompleter(client, renderer_for(self.model_name_for_tokenizer, self.renderer_name),
-                                      self.opponent_max_tokens, temperature=self.opponent_temperature,
-                                      stop_condition=STOP_CONDITION)
+        return make_opponent(kind, self.model_name_for_tokenizer,
+                             renderer_for(self.model_name_for_tokenizer, self.renderer_name), seed=seed,
+                             checkpoint=self.opponent_checkpoint, max_tokens=self.opponent_max_tokens,
+                             temperature=self.opponent_temperature)
 
     async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
         renderer = renderer_for(self.model_name_for_tokenizer, self.renderer_name)
