@@ -11,7 +11,7 @@ answer contains the right one (normalised), minus ``format_penalty`` per malform
 first reply starts with the opening of a search call (``dataset_builder.prefill_first_call``), because the
 untrained 135M model rarely opens one by itself. Watch ``env/all/episode/success`` and
 ``env/all/episode/tool_calls`` rise; ``test/env/closed_book/episode/success`` is the no-tool baseline. Needs the
-``agents`` extra (``bm25s``). The recipe is a chz Blueprint of the loop's ``Config``: any field, or
+``tool-use`` extra (``bm25s``). The recipe is a chz Blueprint of the loop's ``Config``: any field, or
 ``dataset_builder.<field>``, can be set on the command line (``--help`` lists them).
 """
 

@@ -3,7 +3,7 @@
 The corpus (``example-data/search_tool/articles.jsonl``, one ``{"title", "text"}`` per line) is an invented
 mini-encyclopedia: its facts are made up, so a model can answer its questions
 (``questions.jsonl``: ``{"question", "answers", "article"}``) only by reading the articles. ``BM25Index`` (the
-``bm25s`` package, extra ``agents``) ranks the articles for a query; the ``search`` tool returns the best
+``bm25s`` package, extra ``tool-use``) ranks the articles for a query; the ``search`` tool returns the best
 ``top_k``. An episode is a ``ToolUseEnv``: the model searches, reads the result and answers; the answer is right
 when it contains one of the question's answers after normalisation (``answer_matches``).
 
@@ -90,7 +90,7 @@ class BM25Index:
         try:
             import bm25s
         except ImportError as e:
-            raise ImportError("the search tool needs the bm25s package: pip install -e '.[agents]'") from e
+            raise ImportError("the search tool needs the bm25s package: pip install -e '.[tool-use]'") from e
         self.articles = list(articles)
         self._bm25s = bm25s
         self._retriever = bm25s.BM25()
