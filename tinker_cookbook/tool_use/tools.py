@@ -19,6 +19,7 @@ Supported annotations: ``str``, ``int``, ``float``, ``bool``, ``list[...]``, ``d
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import re
@@ -69,9 +70,8 @@ class Tool:
         if inspect.iscoroutinefunction(self.fn):
             result = await self.fn(**arguments)
         else:
-            import asyncio
-
-            # In a thread, so that a slow sync tool neither blocks the other rollouts nor escapes the timeout.
+            # In a thread, so that a slow sync tool does not block the other rollouts (after a timeout the thread
+            # runs on and its result is dropped: Python cannot stop a thread).
             result = await asyncio.to_thread(self.fn, **arguments)
         return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
 
