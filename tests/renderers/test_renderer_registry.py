@@ -27,6 +27,7 @@ TOKENIZER_FOR = {
     "qwen3_vl": "qwen3",
     "qwen3_vl_instruct": "qwen3",
     "chatml": "smollm2",
+    "chatml_tools": "smollm2",
 }
 
 

@@ -46,6 +46,7 @@ from tinker_cookbook.renderers.base import (
     remove_thinking,
 )
 from tinker_cookbook.renderers.chatml import SMOLLM2_DEFAULT_SYSTEM_PROMPT, ChatMLRenderer
+from tinker_cookbook.renderers.chatml_tools import ChatMLToolsRenderer
 from tinker_cookbook.renderers.llama3 import Llama3Renderer
 from tinker_cookbook.renderers.qwen3 import (
     Qwen3DisableThinkingRenderer,
@@ -76,6 +77,7 @@ BUILTIN_RENDERERS: dict[str, RendererFactory] = {
     "qwen3_vl": lambda tok, proc: Qwen3VLRenderer(tok, proc),
     "qwen3_vl_instruct": lambda tok, proc: Qwen3VLInstructRenderer(tok, proc),
     "chatml": lambda tok, _: ChatMLRenderer(tok, default_system_prompt=SMOLLM2_DEFAULT_SYSTEM_PROMPT),
+    "chatml_tools": lambda tok, _: ChatMLToolsRenderer(tok),
 }
 """Every built-in renderer name and how to build it from ``(tokenizer, image_processor)``."""
 
@@ -161,6 +163,7 @@ def renderer_for(model_name: str, renderer_name: str | None = None) -> Renderer:
 __all__ = [
     "BUILTIN_RENDERERS",
     "ChatMLRenderer",
+    "ChatMLToolsRenderer",
     "Content",
     "ContentPart",
     "FunctionBody",

@@ -238,7 +238,8 @@ class Renderer(abc.ABC):
     ) -> list[Message]:
         """Messages that declare ``tools`` (and ``system_prompt``), to put before the conversation."""
         raise RendererError(
-            f"{type(self).__name__} has no tool-calling format; use a qwen3 renderer for tool use"
+            f"{type(self).__name__} has no tool-calling format; use a renderer with tool calls (qwen3, qwen3_instruct, "
+            "llama3, chatml_tools) for tool use"
         )
 
     def tool_call_prefix(self, name: str | None = None) -> str:
@@ -246,7 +247,8 @@ class Renderer(abc.ABC):
         with it must call a tool, which is how a server honours OpenAI's ``tool_choice`` "required" or a named
         function. The reply is parsed from this text plus the sampled tokens."""
         raise RendererError(
-            f"{type(self).__name__} has no tool-calling format; use a qwen3 renderer for tool use"
+            f"{type(self).__name__} has no tool-calling format; use a renderer with tool calls (qwen3, qwen3_instruct, "
+            "llama3, chatml_tools) for tool use"
         )
 
     def to_openai_message(self, message: Message) -> dict[str, Any]:
@@ -387,7 +389,7 @@ class Renderer(abc.ABC):
             if message["role"] == "tool" or message.get("tool_calls") or message.get("unparsed_tool_calls"):
                 raise RendererError(
                     f"messages[{i}] is a tool call or tool result but {name} has no tool-calling format; "
-                    "use a qwen3 renderer for tool use"
+                    "use a renderer with tool calls (qwen3, qwen3_instruct, llama3, chatml_tools) for tool use"
                 )
 
     def _prepared(self, messages: Sequence[Message], what: str) -> list[Message]:

@@ -10,6 +10,10 @@ one into the token-level ``Env`` the RL loop rolls out, keeping two promises:
   whole episode into one datum, so training costs O(T) instead of O(T²) in the number of turns. With a renderer
   that rewrites history (e.g. strips reasoning) each turn is rendered from scratch and the turns become separate
   datums.
+- Tool calls and prefills: the reply handed to ``MessageEnv.step`` keeps the tool calls the renderer parsed
+  (``tool_calls`` / ``unparsed_tool_calls``), and ``MessageEnv.reply_prefill`` can start the next reply with fixed
+  text (e.g. the opening of a tool call): the prefill is part of the observation (prompt, weight 0) and the reply
+  is parsed from the prefill plus the sampled tokens.
 - Per-episode metrics: the final step of an episode carries ``episode/turns``, ``episode/cut_off_replies`` and
   whatever the env's ``episode_metrics`` adds (success, format errors, ...). The loop averages each metric key over
   the steps that report it, so keys that only the final step reports are means over episodes.
@@ -57,6 +61,10 @@ class MessageEnv(ABC):
         """Metrics of the whole episode, attached to its final step (e.g. ``episode/success``)."""
         return {}
 
+    def reply_prefill(self) -> str | None:
+        """Text that starts the player's next reply (asked before each turn); None: the player writes it all."""
+        return None
+
 
 class EnvFromMessageEnv(Env):
     """A token ``Env`` that renders a ``MessageEnv``'s conversation for the policy (see the module docstring)."""
@@ -68,6 +76,7 @@ class EnvFromMessageEnv(Env):
         self._observation: Observation = tinker.ModelInput.empty()
         self._turns = 0
         self._cut_off_replies = 0
+        self._prefill: list[int] = []
 
     @property
     def stop_condition(self) -> StopCondition:
@@ -75,13 +84,21 @@ class EnvFromMessageEnv(Env):
 
     async def initial_observation(self) -> tuple[Observation, StopCondition]:
         self.messages = list(await self.message_env.initial_messages())
-        self._observation = self.renderer.build_generation_prompt(self.messages)
+        self._observation = _prompt(self.renderer, self.messages, self._next_prefill())
         return self._observation, self.stop_condition
 
+    def _next_prefill(self) -> str | None:
+        prefill = self.message_env.reply_prefill()
+        self._prefill = list(self.renderer.content_chunk("", prefill).tokens) if prefill else []
+        return prefill
+
     async def step(self, action: Action) -> StepResult:
-        parsed, termination = self.renderer.parse_response(action)
+        parsed, termination = self.renderer.parse_response([*self._prefill, *action])
         ended_cleanly = is_stop_sequence_termination(termination)
         reply: Message = {"role": "assistant", "content": message_text(parsed)}
+        for key in ("tool_calls", "unparsed_tool_calls"):
+            if parsed.get(key):
+                reply[key] = parsed[key]  # type: ignore[literal-required]
         result = await self.message_env.step(reply, ended_cleanly)
         self._turns += 1
         self._cut_off_replies += int(not ended_cleanly)
@@ -94,13 +111,13 @@ class EnvFromMessageEnv(Env):
         reply_index = len(self.messages)
         self.messages += [reply, *result.next_messages]
         self._observation = next_observation(self.renderer, self._observation, list(action), self.messages,
-                                             reply_index)
+                                             reply_index, self._next_prefill())
         return StepResult(result.reward, False, self._observation, self.stop_condition, metrics, dict(result.logs))
 
 
 def next_observation(renderer: Renderer, observation: Observation, action: list[int], messages: list[Message],
-                     reply_index: int) -> Observation:
-    """The prompt after ``messages`` as ``observation + action`` plus the rendering of the new messages.
+                     reply_index: int, prefill: str | None = None) -> Observation:
+    """The prompt after ``messages`` (then ``prefill``) as ``observation + action`` plus the rendering of the rest.
 
     ``messages[reply_index]`` is the parsed text of ``action`` and everything after it is new. Rendering the whole
     conversation again would re-tokenize the replies, which can differ from the sampled tokens (another split of
@@ -109,7 +126,7 @@ def next_observation(renderer: Renderer, observation: Observation, action: list[
     token if the reply was cut off, then the new messages' tokens (the part of the rendering after the reply).
     Otherwise the plain rendering of ``messages`` is returned.
     """
-    full = renderer.build_generation_prompt(messages)
+    full = _prompt(renderer, messages, prefill)
     stops = renderer.get_stop_sequences()
     token_stops = [s for s in stops if isinstance(s, int)]
     if not renderer.has_extension_property or not token_stops or len(token_stops) != len(stops):
@@ -120,6 +137,13 @@ def next_observation(renderer: Renderer, observation: Observation, action: list[
         return full  # the renderer broke its extension promise; the turns will train as separate datums
     closing = [] if action and action[-1] in token_stops else [token_stops[0]]
     return tinker.ModelInput.from_ints(observation.to_ints() + action + closing + full_ints[len(through_reply):])
+
+
+def _prompt(renderer: Renderer, messages: list[Message], prefill: str | None) -> Observation:
+    # Without a prefill, the plain call: renderers written for envs without prefills need not accept one.
+    if prefill is None:
+        return renderer.build_generation_prompt(messages)
+    return renderer.build_generation_prompt(messages, prefill=prefill)
 
 
 def renderer_for(model_name: str, renderer_name: str | None = None) -> Renderer:
