@@ -29,7 +29,7 @@ from pathlib import Path
 import chz
 
 from recipes.distillation import teacher as offline_teacher
-from recipes.distillation.on_policy_distillation import report_against_teacher, resolve_teacher
+from recipes.distillation.student import report_against_teacher, resolve_teacher
 from tinker_cookbook import hyperparam_utils, renderers, tinker
 from tinker_cookbook.cli_utils import LogdirBehavior, run_recipe
 from tinker_cookbook.distillation.datasets import load_prompts

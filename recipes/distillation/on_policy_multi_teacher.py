@@ -25,7 +25,7 @@ import asyncio
 import chz
 
 from recipes.distillation import teacher as offline_teacher
-from recipes.distillation.on_policy_distillation import (
+from recipes.distillation.student import (
     StudentKeys,
     prompts,
     report_against_teacher,

@@ -39,11 +39,14 @@ def teacher_log_path() -> str:
 async def default_teacher_checkpoint(model_name: str, progress: ProgressMode = "auto") -> str:
     """The ``sampler_weights`` path of ``recipes.sl_basic``'s final checkpoint of ``model_name`` on the contact-card
     data, trained now unless ``teacher_log_path()`` already holds the finished run."""
-    from recipes import sl_basic
     from tinker_cookbook.supervised import train as supervised_train
+    from tinker_cookbook.supervised.recipe_defaults import chat_sft
 
     log_path = teacher_log_path()
-    config = sl_basic.blueprint({"model_name": model_name}).apply({
+    # recipes.sl_basic's run on its example data: the same shared defaults, built here since recipes never import
+    # one another.
+    config = chz.Blueprint(supervised_train.Config).apply({
+        **chat_sft({"model_name": model_name}, model_name, "example"), "recipe_name": "sl_basic",
         "model_name": model_name, "log_path": log_path, "behavior_if_log_dir_exists": "resume",
         "progress": progress}, layer_name="distillation teacher").make()
     logger.info("training the teacher (recipes.sl_basic on %s) in %s, or reusing the one there", model_name, log_path)

@@ -140,3 +140,13 @@ def store_home() -> Path:
     """The checkpoint store's root: ``$TINKER_COOKBOOK_HOME`` if set, else ``~/.tinker_cookbook``."""
     env = os.environ.get(HOME_ENV)
     return Path(env).expanduser() if env else Path.home() / ".tinker_cookbook"
+
+
+def torchrun_ranks() -> tuple[int, int, int] | None:
+    """``(RANK, WORLD_SIZE, LOCAL_RANK)`` when ``torchrun`` started this process as one of several ranks, else None.
+    These are torchrun's variables, read here like the engine's own so that one module reads the environment."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or "1")
+    if world <= 1 or "RANK" not in os.environ:
+        return None
+    rank = int(os.environ["RANK"])
+    return rank, world, int(os.environ.get("LOCAL_RANK", rank) or rank)

@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from tinker_cookbook.engine import settings
+
 T = TypeVar("T")
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
@@ -43,13 +45,13 @@ class RankMember:
 
 def launched_by_torchrun() -> bool:
     """Whether this process is one of several ranks started by ``torchrun`` (``WORLD_SIZE`` above 1)."""
-    return int(os.environ.get("WORLD_SIZE", "1") or "1") > 1 and "RANK" in os.environ
+    return settings.torchrun_ranks() is not None
 
 
 def rank_device(local_rank: int) -> torch.device:
     """The device of a rank: ``$TINKER_COOKBOOK_DEVICE`` when it names one (``cuda`` alone: GPU ``local_rank``),
     else GPU ``local_rank`` when there are GPUs, else the CPU (several CPU ranks share the machine's cores)."""
-    chosen = os.environ.get("TINKER_COOKBOOK_DEVICE", "auto")
+    chosen = settings.device()
     if chosen not in ("", "auto"):
         device = torch.device(chosen)
         if device.type == "cuda" and device.index is None:  # "cuda": each rank its own GPU, not all on GPU 0
@@ -58,6 +60,12 @@ def rank_device(local_rank: int) -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
+
+
+def _local_rank(default: int) -> int:
+    """This process's rank on its machine under torchrun, else ``default``."""
+    ranks = settings.torchrun_ranks()
+    return ranks[2] if ranks is not None else default
 
 
 def _alive(pid: int) -> bool:
@@ -76,7 +84,7 @@ class Ranks:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
-        self.device = device if device is not None else rank_device(int(os.environ.get("LOCAL_RANK", self.rank)))
+        self.device = device if device is not None else rank_device(_local_rank(self.rank))
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # the object collectives of NCCL use the current device
         self.members: list[RankMember] = []
@@ -85,7 +93,7 @@ class Ranks:
     @classmethod
     def from_torchrun(cls) -> Ranks:
         """Join the group ``torchrun`` describes in the environment (starting it unless it is already started)."""
-        device = rank_device(int(os.environ.get("LOCAL_RANK", "0")))
+        device = rank_device(_local_rank(0))
         if not dist.is_initialized():
             backend = "nccl" if device.type == "cuda" else "gloo"
             dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
