@@ -46,26 +46,28 @@ def tiny_smollm2_config() -> PretrainedConfig:
     return LlamaConfig(vocab_size=49152, tie_word_embeddings=True, **_SMALL_DIMS, **_SMOLLM2_IDS)
 
 
+# mrope_section splits head_dim/2 = 8 rotary frequencies over (time, height, width).
+_MROPE: dict[str, Any] = {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}
+_VISION_DIMS: dict[str, Any] = dict(
+    depth=2,
+    hidden_size=32,
+    intermediate_size=64,
+    num_heads=2,
+    out_hidden_size=_SMALL_DIMS["hidden_size"],
+    patch_size=16,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    deepstack_visual_indexes=[0, 1],
+)
+
+
 def tiny_qwen3_vl_config() -> PretrainedConfig:
     from transformers import Qwen3VLConfig
 
-    # mrope_section splits head_dim/2 = 8 rotary frequencies over (time, height, width).
-    rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}
-    text_config = dict(vocab_size=151936, rope_scaling=rope, **_SMALL_DIMS, **_QWEN3_IDS)
-    vision_config = dict(
-        depth=2,
-        hidden_size=32,
-        intermediate_size=64,
-        num_heads=2,
-        out_hidden_size=_SMALL_DIMS["hidden_size"],
-        patch_size=16,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-        deepstack_visual_indexes=[0, 1],
-    )
+    text_config = dict(vocab_size=151936, rope_scaling=dict(_MROPE), **_SMALL_DIMS, **_QWEN3_IDS)
     return Qwen3VLConfig(
         text_config=text_config,
-        vision_config=vision_config,
+        vision_config=dict(_VISION_DIMS),
         image_token_id=151655,
         video_token_id=151656,
         vision_start_token_id=151652,
@@ -111,6 +113,25 @@ def tiny_deepseek_v3_config() -> PretrainedConfig:
     )
 
 
+def tiny_qwen3_vl_moe_config() -> PretrainedConfig:
+    from transformers import Qwen3VLMoeConfig
+
+    # tiny-qwen3-vl's vision tower, token ids and multimodal rope, with Qwen3-MoE's routed experts in every text
+    # layer; the output projection untied, as in Qwen3-VL-30B-A3B.
+    dense = tiny_qwen3_vl_config()
+    text_config = dict(vocab_size=151936, rope_scaling=dict(_MROPE), num_experts=8, norm_topk_prob=True,
+                       tie_word_embeddings=False, **_MOE_DIMS, **_SMALL_DIMS, **_QWEN3_IDS)
+    return Qwen3VLMoeConfig(
+        text_config=text_config,
+        vision_config=dict(_VISION_DIMS),
+        image_token_id=dense.image_token_id,
+        video_token_id=dense.video_token_id,
+        vision_start_token_id=dense.vision_start_token_id,
+        vision_end_token_id=dense.vision_end_token_id,
+        tie_word_embeddings=False,
+    )
+
+
 TINY_MODEL_CONFIGS: dict[str, Callable[[], PretrainedConfig]] = {
     "tinker-cookbook/tiny-qwen3": tiny_qwen3_config,
     "tinker-cookbook/tiny-llama3": tiny_llama3_config,
@@ -119,5 +140,6 @@ TINY_MODEL_CONFIGS: dict[str, Callable[[], PretrainedConfig]] = {
     "tinker-cookbook/tiny-qwen3-moe": tiny_qwen3_moe_config,
     "tinker-cookbook/tiny-gpt-oss": tiny_gpt_oss_config,
     "tinker-cookbook/tiny-deepseek-v3": tiny_deepseek_v3_config,
+    "tinker-cookbook/tiny-qwen3-vl-moe": tiny_qwen3_vl_moe_config,
 }
 """Name -> a fresh config of that tiny model."""

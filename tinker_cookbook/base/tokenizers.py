@@ -142,7 +142,7 @@ def _from_huggingface(name: str, tried: list[str]) -> Tokenizer | None:
 # vocabulary, hence ``Qwen3-`` (with the hyphen) rather than any ``Qwen3`` prefix. The tiny gpt-oss and DeepSeek-V3
 # models borrow Qwen3's (no tokenizer of theirs ships offline).
 _FAMILY_PATTERNS: dict[str, re.Pattern[str]] = {
-    "qwen3": re.compile(r"^(Qwen/Qwen3-|Qwen/Qwen3\Z|tinker-cookbook/tiny-(qwen3(-vl|-moe)?|gpt-oss|deepseek-v3)\Z)"),
+    "qwen3": re.compile(r"^(Qwen/Qwen3-|Qwen/Qwen3\Z|tinker-cookbook/tiny-(qwen3(-vl|-moe|-vl-moe)?|gpt-oss|deepseek-v3)\Z)"),
     "llama3": re.compile(r"^(meta-llama/(Meta-)?Llama-3([.-]|\Z)|tinker-cookbook/tiny-llama3\Z)"),
     "smollm2": re.compile(r"^(HuggingFaceTB/SmolLM2-|tinker-cookbook/tiny-smollm2\Z)"),
 }

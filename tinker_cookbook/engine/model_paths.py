@@ -2,8 +2,9 @@
 
 The fast paths (``training.fused_layers`` / ``frozen_linear`` for training, ``sampling.decoder_model`` for sampling)
 reimplement dense Llama-3, Qwen2/Qwen3 and Qwen3-VL. Every other causal LM that transformers implements, mixture-of-
-experts models included, runs on the general path: training through the transformers model's own modules with peft
-LoRA (``training.general``), sampling through a KV-cached forward of the same model (``sampling.general``).
+experts models included, and Qwen3-VL-MoE with its images, runs on the general path: training through the
+transformers model's own modules with peft LoRA (``training.general``), sampling through a KV-cached forward of the
+same model (``sampling.general``).
 ``$TINKER_COOKBOOK_MODEL_PATH=general`` puts every text model on the general path.
 """
 
@@ -19,8 +20,12 @@ from tinker_cookbook.tinker.errors import UnprocessableEntityError
 FAST_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_vl", "qwen3_vl_text")
 """The HF ``model_type`` values of the fast paths (the sampler's compact decoder implements exactly these)."""
 VISION_MODEL_TYPES = ("qwen3_vl",)
-"""Vision-language models: they always take their own path (the general path takes no images)."""
-TESTED_GENERAL_MODEL_TYPES = ("qwen3_moe", "gpt_oss", "deepseek_v3")
+"""Vision-language models of the fast path: they always take it (its sampler feeds their vision tower's features
+into the compact decoder)."""
+GENERAL_VISION_MODEL_TYPES = ("qwen3_vl_moe",)
+"""Vision-language models of the general path, images included (``engine.vision``). Not in transformers' causal-LM
+table: their head class is image-text-to-text."""
+TESTED_GENERAL_MODEL_TYPES = ("qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_vl_moe")
 """General-path families checked end to end by the tests (tiny random models), besides the dense fast ones."""
 # Causal-LM heads that transform the logits after the output projection: the general path computes logprobs from
 # the output projection alone (in chunks, as training does), so these would be silently wrong.
@@ -39,13 +44,7 @@ def causal_lm_types() -> frozenset[str]:
 
 def runs(model_type: str) -> bool:
     """Whether the engine runs ``model_type`` end to end (a fast path, or the general path)."""
-    return model_type in FAST_MODEL_TYPES or (model_type in causal_lm_types() and model_type not in _refused())
-
-
-def _refused() -> frozenset[str]:
-    # Vision-language MoE (Qwen3-VL-MoE) reaches transformers' causal-LM table through its text part only; the
-    # general path takes no images, so the whole model is refused rather than silently blind.
-    return frozenset({"qwen3_vl_moe"})
+    return model_type in FAST_MODEL_TYPES or model_type in GENERAL_VISION_MODEL_TYPES or model_type in causal_lm_types()
 
 
 def is_general(config: Any) -> bool:

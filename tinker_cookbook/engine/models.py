@@ -14,9 +14,9 @@ Every loaded model is a fresh instance in eval mode with ``requires_grad=False``
 LoRA on top and never trains the base.
 
 Only architectures that load end to end are listed or resolved (:func:`supported_model_types`): the fast paths'
-dense Llama-3 / Qwen2 / Qwen3 / Qwen3-VL, and every text causal LM of transformers on the general path
-(``engine.model_paths``), mixture-of-experts ones included. Asking for another one (e.g. a vision-language
-mixture-of-experts model) fails with ``UnprocessableEntityError`` before any weights are downloaded.
+dense Llama-3 / Qwen2 / Qwen3 / Qwen3-VL, and on the general path (``engine.model_paths``) every text causal LM of
+transformers, mixture-of-experts ones included, and Qwen3-VL-MoE. Asking for another one (e.g. a vision-language
+model of another family) fails with ``UnprocessableEntityError`` before any weights are downloaded.
 """
 
 from __future__ import annotations
@@ -118,6 +118,8 @@ _TINY_DESCRIPTIONS = {  # name -> (arch, description); configs in tinker_cookboo
                                      "tokenizer"),
     "tinker-cookbook/tiny-deepseek-v3": ("deepseek_v3", "Tiny random DeepSeek-V3 (MLA, shared expert, 8 routed), "
                                          "Qwen3's tokenizer"),
+    "tinker-cookbook/tiny-qwen3-vl-moe": ("qwen3_vl", "Tiny random Qwen3-VL-MoE (2 text layers of 8 experts, 2 vision "
+                                          "layers), real Qwen3 tokenizer"),
 }
 _TINY_MODELS: dict[str, tuple[ModelSpec, Callable[[], PretrainedConfig]]] = {
     name: (_tiny_spec(name, arch, f"{description}; for tests."), tiny_models.TINY_MODEL_CONFIGS[name])
@@ -152,13 +154,12 @@ def _build_tiny(make_config: Callable[[], PretrainedConfig], dtype: torch.dtype)
 # ---------------------------------------------------------------------------------------------------------
 # Hugging Face cache and hub
 
-_FAMILIES = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3", "qwen3_vl": "qwen3_vl"}
-_FAMILIES["qwen3_vl_moe"] = "qwen3_vl"
+_FAMILIES = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3", "qwen3_vl": "qwen3_vl", "qwen3_vl_moe": "qwen3_vl"}
 _LM_HEAD_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration")
 
 # Models of the Tinker lineup with their HF model_type: obtainable from the hub, so "known" everywhere when the
 # engine supports their architecture; loadable only where the hub or the local cache has them. Context lengths
-# are those of their configs. The vision-language MoE ones are kept so that asking for them fails at once.
+# are those of their configs.
 _HUB_CATALOG: dict[str, tuple[str, int]] = {
     "Qwen/Qwen3-VL-235B-A22B-Instruct": ("qwen3_vl_moe", 262144),
     "Qwen/Qwen3-VL-30B-A3B-Instruct": ("qwen3_vl_moe", 262144),
@@ -195,9 +196,8 @@ def _check_supported(name: str, model_type: str) -> None:
     if not model_paths.runs(model_type):
         raise UnprocessableEntityError(
             f"base_model={name!r} is an architecture (model_type={model_type!r}) that this engine cannot run: it "
-            "is not a text causal LM of transformers (vision-language mixture-of-experts models are not supported "
-            "yet). Choose a text model, or a dense Qwen3-VL model for images (ServiceClient()."
-            "get_server_capabilities() lists the ones loadable here)"
+            "is not a text causal LM of transformers, nor a Qwen3-VL model. Choose a text model, or a Qwen3-VL "
+            "model for images (ServiceClient().get_server_capabilities() lists the ones loadable here)"
         )
 
 

@@ -1,4 +1,4 @@
-"""Image inputs for Qwen3-VL models, in training and sampling.
+"""Image inputs for Qwen3-VL models (dense and mixture-of-experts), in training and sampling.
 
 A model input's ``ImageChunk`` (or ``ImageAssetPointerChunk`` naming a local file or a ``data:`` URL) becomes
 ``expected_tokens`` copies of the model's image placeholder token plus the image's pixel patches. From there the
@@ -11,8 +11,10 @@ model's own code does the rest, so that training, sampling and the transformers 
 - features: the model's vision tower gives each image's merged features (scattered over its placeholder tokens)
   and the DeepStack features added to the hidden states after the first decoder layers.
 
-Training runs the whole HF model (``language_hidden``). The sampler (``SamplerVision``) runs the HF vision tower,
-sharing the frozen base weights, and feeds its features into its own decoder through ``PackedVision``.
+Training runs the whole HF model (``language_hidden``). Every sampler checks a prompt's images and computes its
+positions with ``PromptImages``. The fast path's compact decoder (dense Qwen3-VL) adds ``SamplerVision``: the HF
+vision tower, sharing the frozen base weights, feeding its features into the decoder through ``PackedVision``. The
+general path (Qwen3-VL-MoE) runs the whole HF model, vision tower included, on the prompt's pixels and positions.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ a 256x256 image takes 1.5 MiB."""
 
 
 def is_vision_config(config: Any) -> bool:
-    """Whether ``config`` is of a Qwen3-VL model (the only vision family the engine runs)."""
+    """Whether ``config`` is of a Qwen3-VL model, dense or MoE (the only vision family the engine runs)."""
     return hasattr(config, "vision_config") and getattr(config, "image_token_id", None) is not None
 
 
@@ -266,15 +268,24 @@ class PromptVision:
         return tuple(image.digest for image in self.images)
 
 
+def _model_class(config: Any) -> Any:
+    """The HF multimodal model class (without head) of a Qwen3-VL config, dense or MoE."""
+    if config.model_type == "qwen3_vl_moe":
+        from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeModel
+
+        return Qwen3VLMoeModel
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
+
+    return Qwen3VLModel
+
+
 class _RopeIndex:
-    """Qwen3-VL's own ``get_rope_index`` without a model instance: it reads only ``config`` and
+    """The model's own ``get_rope_index`` without a model instance: it reads only ``config`` and
     ``get_vision_position_ids``, so the sampler can use the model's function on its config alone."""
 
     def __init__(self, config: Any) -> None:
-        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
-
         self.config = config
-        self._model_class: Any = Qwen3VLModel  # its methods, called with this object as self
+        self._model_class: Any = _model_class(config)  # its methods, called with this object as self
 
     def __call__(self, ids: torch.Tensor, grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mm_types = (ids == self.config.image_token_id).to(torch.int32)
@@ -315,17 +326,13 @@ class PackedVision:
         return h
 
 
-class SamplerVision:
-    """What the sampler needs for images on one base model: preprocessing, positions, the vision tower."""
+class PromptImages:
+    """What every sampler needs for images on one base model: preprocessing and the prompt's positions."""
 
-    def __init__(self, config: Any, base_state: Mapping[str, torch.Tensor], image_inputs: ImageInputs) -> None:
-        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
-
+    def __init__(self, config: Any, image_inputs: ImageInputs) -> None:
         self.image_inputs = image_inputs
         self.image_token_id = image_inputs.image_token_id
-        self.tower = _vision_tower(config, base_state)
         self.rope_index = _RopeIndex(config)
-        self.rotary = Qwen3VLTextRotaryEmbedding(config.get_text_config())
 
     def prompt(self, model_input: types.ModelInput, where: str) -> tuple[list[int], PromptVision | None]:
         """Validate a prompt: its token ids, and its images with their positions (None without images)."""
@@ -335,6 +342,25 @@ class SamplerVision:
         ids = torch.tensor([tokens], dtype=torch.int64)
         positions, deltas = self.rope_index(ids, torch.stack([im.grid_thw for im in images]))
         return tokens, PromptVision(images=images, position_ids=positions[:, 0], rope_delta=int(deltas.reshape(-1)[0]))
+
+    def hide_placeholders(self, tokens: Sequence[int], scored: list[float | None],
+                          topk: list[list[tuple[int, float]] | None] | None) -> None:
+        """Blank the prompt logprobs (and top-k) at image placeholders, in place: they have no meaningful one."""
+        for position in (i for i, t in enumerate(tokens) if t == self.image_token_id):
+            scored[position] = None
+            if topk is not None:
+                topk[position] = None
+
+
+class SamplerVision(PromptImages):
+    """The fast path's image handling: ``PromptImages`` plus the vision tower feeding the compact decoder."""
+
+    def __init__(self, config: Any, base_state: Mapping[str, torch.Tensor], image_inputs: ImageInputs) -> None:
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
+
+        super().__init__(config, image_inputs)
+        self.tower = _vision_tower(config, base_state)
+        self.rotary = Qwen3VLTextRotaryEmbedding(config.get_text_config())
 
     @torch.inference_mode()
     def pack(self, prompts: Sequence[tuple[Sequence[int], PromptVision | None]]) -> PackedVision | None:
@@ -403,16 +429,27 @@ def _vision_tower(config: Any, base_state: Mapping[str, torch.Tensor]) -> torch.
     return tower
 
 
-def sampler_vision(config: Any, base_state: Mapping[str, torch.Tensor]) -> SamplerVision | None:
-    """The sampler's image handling for a base model; None for text-only models (and Qwen3-VL's text part)."""
-    if not is_vision_config(config):
-        return None
+def _sampler_image_inputs(config: Any) -> ImageInputs:
+    """The image preprocessing of the model ``config`` describes (its own processor for a hub model)."""
     from tinker_cookbook.base.tiny_models import TINY_MODEL_CONFIGS
 
     name = str(getattr(config, "name_or_path", "") or "")
     source = "hf" if name and name not in TINY_MODEL_CONFIGS else "tiny"
+    return ImageInputs(name or "this model", config, _processor_for(name, source))
+
+
+def sampler_vision(config: Any, base_state: Mapping[str, torch.Tensor]) -> SamplerVision | None:
+    """The fast path's image handling for a base model; None for text-only models (and Qwen3-VL's text part)."""
+    if not is_vision_config(config):
+        return None
     # One tower per base model, shared by every snapshot of it (LoRA adapts the language model only).
-    return base_cache.shared(
-        "vision", base_state,
-        lambda: SamplerVision(config, base_state, ImageInputs(name or "this model", config, _processor_for(name, source))),
-    )
+    return base_cache.shared("vision", base_state,
+                             lambda: SamplerVision(config, base_state, _sampler_image_inputs(config)))
+
+
+def prompt_images(config: Any, base_state: Mapping[str, torch.Tensor]) -> PromptImages | None:
+    """The general path's image handling for a base model (its snapshots run the vision tower themselves); None for
+    text-only models."""
+    if not is_vision_config(config):
+        return None
+    return base_cache.shared("prompt_images", base_state, lambda: PromptImages(config, _sampler_image_inputs(config)))

@@ -10,6 +10,9 @@ KV cache, with the same request semantics as the compact decoder (``sampler``'s 
   repeated for the cohort's samples, and each decode step advances a cohort's rows in one forward (equal lengths:
   no padding, no mask); finished rows leave the cache at once. Routing, sliding windows and latent attention are
   the model's own, through the cache it makes for itself.
+- Images (Qwen3-VL-MoE): the prefill of a prompt with images runs the model on their pixels (its own vision tower)
+  at the prompt's multimodal positions (``vision.PromptImages``); its samples then decode at positions shifted by
+  the prompt's rope delta, as the model's own generation does.
 
 Token selection, stops and seeds are ``batch``'s, shared with the fast path: the same seed gives the same tokens on
 either path wherever the logits agree.
@@ -25,9 +28,10 @@ from typing import Any
 
 import torch
 
+from tinker_cookbook.engine import vision
 from tinker_cookbook.engine.sampling.batch import Sequence, select_tokens_per_owner
 from tinker_cookbook.engine.sampling.requests import ModelLimits
-from tinker_cookbook.engine.sampling.steps import BatchLimits, PendingRequest, SamplerStats, advance
+from tinker_cookbook.engine.sampling.steps import BatchLimits, PendingRequest, PromptKey, SamplerStats, advance
 from tinker_cookbook.engine.training.general import v5_targets
 from tinker_cookbook.tinker.errors import UnprocessableEntityError
 
@@ -47,10 +51,25 @@ class GeneralModel:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def hidden(self, ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+    def hidden(self, ids: torch.Tensor, cache: Any, images: vision.PromptVision | None = None, rope_delta: int = 0
+               ) -> tuple[torch.Tensor, Any]:
         """The decoder's final hidden states of ``ids [rows, n]`` after ``cache`` (None: a new sequence), fp32, and
-        the cache extended by them (the model makes the kind of cache it needs)."""
-        out = self.model.base_model(input_ids=ids, cache=cache, use_cache=True)
+        the cache extended by them (the model makes the kind of cache it needs).
+
+        ``images``: the prompt's images and multimodal positions (a prefill of one prompt). ``rope_delta``: after
+        a prompt with images, a token at cache position ``p`` sits at rotary position ``p + rope_delta``. Positions
+        are always passed explicitly then, so the model's own generation state (``rope_deltas``) is never used.
+        """
+        inputs: dict[str, Any] = {}
+        if images is not None:
+            pixel_values, grid = vision.image_batch(images.images)
+            inputs = dict(pixel_values=pixel_values.to(ids.device), image_grid_thw=grid.to(ids.device),
+                          position_ids=images.position_ids[:, None, :].to(ids.device))
+        elif rope_delta:
+            start = cache.get_seq_length() + rope_delta
+            positions = torch.arange(start, start + ids.shape[1], device=ids.device)
+            inputs = dict(position_ids=positions.view(1, 1, -1).expand(3, ids.shape[0], -1))
+        out = self.model.base_model(input_ids=ids, cache=cache, use_cache=True, **inputs)
         return out.last_hidden_state.float(), out.cache
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -69,18 +88,20 @@ def build_general_model(config: Any, base_state: Mapping[str, torch.Tensor], ada
         torch.nn.Module.to(model, dtype)  # copies: the base's tensors keep their dtype
     model.eval()
     text_config = getattr(config, "text_config", None) or config
+    images = vision.prompt_images(config, base_state)
     limits = ModelLimits(vocab_size=int(text_config.vocab_size),
                          context_window=int(getattr(text_config, "max_position_embeddings", None) or 2048),
-                         model_type=str(config.model_type), accepts_images=False)
+                         model_type=str(config.model_type), accepts_images=images is not None, vision=images)
     return GeneralModel(model=model, limits=limits, dtype=dtype)
 
 
 def _skeleton(config: Any, base_state: Mapping[str, torch.Tensor]) -> Any:
     """The model's modules built on the meta device, their parameters the base's tensors (shared, never written)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    auto = AutoModelForImageTextToText if vision.is_vision_config(config) else AutoModelForCausalLM
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(copy.deepcopy(config))
+        model = auto.from_config(copy.deepcopy(config))
     device = next(iter(base_state.values())).device
     model.load_state_dict(dict(base_state), strict=False, assign=True)
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
@@ -134,6 +155,8 @@ class Cohort:
 
     rows: list[Sequence]
     cache: Any
+    rope_delta: int = 0
+    """The prompt's rotary position shift (non-zero only after images)."""
 
     def select(self, keep: list[int]) -> None:
         """Keep only rows ``keep`` (in that order), in the list and in the cache."""
@@ -184,23 +207,25 @@ class GeneralBatch:
     def step(self) -> None:
         """Prefill waiting prompts while their samples fit, then decode one token for every cohort."""
         room = self.limits.max_batch_sequences - len(self.active)
-        chosen: dict[tuple[int, ...], list[PendingRequest]] = {}
+        chosen: dict[PromptKey, list[PendingRequest]] = {}
         while self.waiting and room > 0:
             request = self.waiting.popleft()
             if not request.done:
-                chosen.setdefault(tuple(request.spec.prompt), []).append(request)
+                chosen.setdefault(request.prompt_key, []).append(request)  # tokens and images
                 room -= request.spec.num_samples
-        for prompt, requests in chosen.items():
-            self._prefill(list(prompt), requests)
+        for requests in chosen.values():
+            self._prefill(requests)
         for cohort in list(self.cohorts):
             self._decode(cohort)
         self.cohorts = [c for c in self.cohorts if c.rows]
 
-    def _prefill(self, prompt: list[int], requests: list[PendingRequest]) -> None:
-        """One forward over ``prompt`` for every request with it: prompt logprobs, first tokens, a cohort."""
+    def _prefill(self, requests: list[PendingRequest]) -> None:
+        """One forward over the prompt of ``requests`` (all with the same tokens and images): prompt logprobs,
+        first tokens, a cohort."""
         model = self.model
+        prompt, images = requests[0].spec.prompt, requests[0].spec.vision
         try:
-            hidden, cache = model.hidden(torch.tensor([prompt], device=model.device), None)
+            hidden, cache = model.hidden(torch.tensor([prompt], device=model.device), None, images)
             hidden = hidden[0]
             last_logits = model.logits(hidden[-1:])
         except Exception as error:  # noqa: BLE001 - the forward failed: these requests fail, others go on
@@ -234,7 +259,7 @@ class GeneralBatch:
         rows = [s for s, result in zip(sequences, selected, strict=True) if not self._settle(s, result)]
         if rows:
             cache.batch_repeat_interleave(len(rows))
-            self.cohorts.append(Cohort(rows=rows, cache=cache))
+            self.cohorts.append(Cohort(rows=rows, cache=cache, rope_delta=images.rope_delta if images else 0))
 
     def _score(self, hidden: torch.Tensor, prompt: list[int], topk: int
                ) -> tuple[list[float | None], list[list[tuple[int, float]] | None] | None]:
@@ -249,6 +274,8 @@ class GeneralBatch:
             if ranked is not None:
                 values, indices = logprobs.topk(topk, dim=-1)
                 ranked += [list(zip(i, v, strict=True)) for i, v in zip(indices.tolist(), values.tolist(), strict=True)]
+        if self.model.limits.vision is not None:
+            self.model.limits.vision.hide_placeholders(prompt, scored, ranked)
         return scored, ranked
 
     def _decode(self, cohort: Cohort) -> None:
@@ -256,7 +283,7 @@ class GeneralBatch:
         model = self.model
         try:
             ids = torch.tensor([[row.tokens[-1]] for row in cohort.rows], device=model.device)
-            hidden, cohort.cache = model.hidden(ids, cohort.cache)
+            hidden, cohort.cache = model.hidden(ids, cohort.cache, rope_delta=cohort.rope_delta)
             logits = model.logits(hidden[:, -1])
         except Exception as error:  # noqa: BLE001 - the step failed for this cohort; others keep going
             for row in cohort.rows:

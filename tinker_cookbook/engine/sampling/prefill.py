@@ -11,6 +11,7 @@ import torch
 
 from tinker_cookbook.engine.sampling import decoder_model
 from tinker_cookbook.engine.sampling.batch import Sequence, select_tokens_per_owner
+from tinker_cookbook.engine.vision import SamplerVision
 
 if TYPE_CHECKING:
     from tinker_cookbook.engine.sampling.steps import DecoderBatch, PendingRequest
@@ -50,7 +51,10 @@ def _prefill(batch: DecoderBatch, requests: list[PendingRequest]) -> None:
     distinct = list(prompts)
     try:
         limits = requests[0].weights.limits
-        images = limits.vision.pack([prompts[k] for k in distinct]) if limits.vision is not None else None
+        images = None
+        if limits.vision is not None:  # the compact decoder's snapshots are built with the vision tower
+            assert isinstance(limits.vision, SamplerVision), "a fast-path snapshot's vision has no tower"
+            images = limits.vision.pack([prompts[k] for k in distinct])
         result = decoder_model.prefill(decoder, [prompts[k][0] for k in distinct], batch.pool.dtype, images)
         # The last position's hidden state of each distinct prompt: every sample of every request with that
         # prompt draws its first token from these logits, computed once in one matmul.
@@ -88,12 +92,8 @@ def _score_prompt(request: PendingRequest, hidden: torch.Tensor) -> None:
     if not (spec.include_prompt_logprobs or spec.topk_prompt_logprobs):
         return
     scored, topk = score_prompt(request.weights.model, hidden, spec.prompt, spec.topk_prompt_logprobs)
-    if spec.vision is not None:  # an image placeholder has no meaningful logprob
-        placeholder = request.weights.limits.vision.image_token_id  # type: ignore[union-attr]
-        for position in (i for i, t in enumerate(spec.prompt) if t == placeholder):
-            scored[position] = None
-            if topk is not None:
-                topk[position] = None
+    if spec.vision is not None and request.weights.limits.vision is not None:
+        request.weights.limits.vision.hide_placeholders(spec.prompt, scored, topk)
     request.prompt_logprobs = scored if spec.include_prompt_logprobs else None
     request.topk_prompt_logprobs = topk
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tinker_cookbook.engine.sampling.batch import RowParams
-from tinker_cookbook.engine.vision import PromptVision, SamplerVision, expand_model_input
+from tinker_cookbook.engine.vision import PromptImages, PromptVision, expand_model_input
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError
 
@@ -38,8 +38,9 @@ class ModelLimits:
     context_window: int
     model_type: str
     accepts_images: bool
-    vision: SamplerVision | None = None
-    """Image handling of a vision-language model; None for text-only ones."""
+    vision: PromptImages | None = None
+    """Image handling of a vision-language model (the fast path's ``SamplerVision`` with its vision tower); None
+    for text-only ones."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@
   ``target_parameters`` with one LoRA pair per expert (its only layout for fused experts);
 - unembedding (``train_unembed``): the output projection.
 
-Routers (``gate``, ``router``, ``*_gate``) are never adapted: routing is the base model's, frozen.
+Routers (``gate``, ``router``, ``*_gate``) are never adapted: routing is the base model's, frozen. Nor is a
+vision-language model's vision tower: LoRA trains the language model, so every sampler snapshot of a base shares
+its one tower's weights, as on the fast path.
 
 peft rewrites the targets ``gate_proj`` / ``up_proj`` / ``down_proj`` of some MoE families (DeepSeek-V3, Qwen2/3-MoE,
 Mixtral) into their fused expert weights, so that adapters trained on transformers v4 load on v5; with targets
@@ -28,6 +30,8 @@ import torch
 from tinker_cookbook.tinker import types
 
 _ROUTER_NAMES = ("gate", "router")
+_VISION_TOWERS = ("visual", "vision_tower", "vision_model")
+"""Module names of vision towers in transformers' vision-language models (Qwen3-VL's is ``model.visual``)."""
 _conversion_lock = threading.Lock()
 
 
@@ -52,23 +56,31 @@ def _is_router(leaf: str) -> bool:
     return leaf in _ROUTER_NAMES or leaf.endswith("_gate")
 
 
+def _in_vision_tower(name: str) -> bool:
+    return any(part in _VISION_TOWERS for part in name.split("."))
+
+
 def lora_targets(model: Any) -> LoraTargets:
-    """The LoRA targets of the HF causal LM ``model`` (before peft wraps it)."""
+    """The LoRA targets of the HF causal LM (or vision-language model) ``model``, before peft wraps it."""
     head = model.get_output_embeddings()
     head_name = next(name for name, module in model.named_modules() if module is head)
     attn: dict[str, str] = {}
     mlp: dict[str, str] = {}
+    tower_leaves: set[str] = set()
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear) or module is head:
             continue
         leaf = name.rsplit(".", 1)[-1]
-        if _is_router(leaf):
-            continue
-        (attn if "attn" in name or "attention" in name else mlp)[name] = leaf
+        if _in_vision_tower(name):
+            tower_leaves.add(leaf)
+        elif not _is_router(leaf):
+            (attn if "attn" in name or "attention" in name else mlp)[name] = leaf
     experts = sorted({f"{module.rsplit('.', 1)[-1]}.{param}"
-                      for module, param in (n.rsplit(".", 1) for n, p in model.named_parameters() if p.dim() == 3)})
+                      for module, param in (n.rsplit(".", 1) for n, p in model.named_parameters()
+                                            if p.dim() == 3 and not _in_vision_tower(n))})
     attn_leaves, mlp_leaves = set(attn.values()), set(mlp.values())
-    if attn_leaves & mlp_leaves:  # a leaf name in both groups: full module names keep the switches apart
+    # A leaf name in both groups, or also in the vision tower: full module names keep them apart.
+    if attn_leaves & mlp_leaves or (attn_leaves | mlp_leaves) & tower_leaves:
         return LoraTargets(tuple(sorted(attn)), tuple(sorted(mlp)), tuple(experts), (head_name,))
     return LoraTargets(tuple(sorted(attn_leaves)), tuple(sorted(mlp_leaves)), tuple(experts), (head_name,))
 
