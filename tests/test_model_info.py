@@ -72,6 +72,7 @@ def test_attribute_fields() -> None:
         ("tinker-cookbook/tiny-llama3", ["llama3"], False),
         ("tinker-cookbook/tiny-smollm2", ["chatml"], False),
         ("tinker-cookbook/tiny-qwen3-vl", ["qwen3_vl", "qwen3_vl_instruct"], True),
+        ("tinker-cookbook/tiny-qwen3-vl-moe", ["qwen3_vl_instruct", "qwen3_vl"], True),
     ],
 )
 def test_local_families_and_tiny_models(name: str, renderers: list[str], is_vl: bool) -> None:
@@ -88,12 +89,12 @@ def test_unknown_model_lists_known_families() -> None:
         get_model_attributes("acme/Foo-7B")
     with pytest.raises(ConfigurationError, match="tinker-cookbook/tiny-qwen3"):
         get_recommended_renderer_name("Qwen/Qwen2.5-7B")
-    # Only what loads end to end is offered as known; vision-language MoE models are named as refused.
+    # Only what loads end to end is offered as known, mixture-of-experts models (vision-language too) included.
     with pytest.raises(ConfigurationError) as info:
         get_model_attributes("acme/Foo-7B")
-    offered, refused = str(info.value).split(" (vision-language mixture-of-experts models")
-    assert "A3B" in offered and "tiny-qwen3-moe" in offered and "Qwen3-VL -A3B" in refused
-    assert "not supported by the engine" in refused
+    offered = str(info.value)
+    assert "A3B" in offered and "tiny-qwen3-moe" in offered and "tiny-qwen3-vl-moe" in offered
+    assert "Qwen/Qwen3-VL-* (dense, and mixture-of-experts" in offered
 
 
 def test_warn_if_renderer_not_recommended(caplog: pytest.LogCaptureFixture) -> None:

@@ -43,7 +43,8 @@ _URL_TIMEOUT_S = 30
 
 
 def _is_qwen3_vl(model_name: str) -> bool:
-    return model_name.startswith("Qwen/Qwen3-VL-") or model_name == f"{TINY_MODEL_PREFIX}qwen3-vl"
+    return model_name.startswith("Qwen/Qwen3-VL-") or model_name in (f"{TINY_MODEL_PREFIX}qwen3-vl",
+                                                                     f"{TINY_MODEL_PREFIX}qwen3-vl-moe")
 
 
 @functools.cache
@@ -53,7 +54,7 @@ def get_image_processor(model_name: str) -> ImageProcessor:
     if not _is_qwen3_vl(name):
         raise ConfigurationError(
             f"model {model_name!r} has no known image processor; vision input is supported for Qwen/Qwen3-VL-* "
-            f"models and {TINY_MODEL_PREFIX}qwen3-vl"
+            f"models and {TINY_MODEL_PREFIX}qwen3-vl(-moe)"
         )
     if not name.startswith(TINY_MODEL_PREFIX):
         processor = _from_huggingface(name)

@@ -110,6 +110,10 @@ _EXPLICIT: dict[str, ModelAttributes] = {
         is_vl=True,
         is_test_model=True,
     ),
+    "tinker-cookbook/tiny-qwen3-vl-moe": _attrs(
+        "tinker-cookbook", "3", "tiny", "vision", ("qwen3_vl_instruct", "qwen3_vl"), is_vl=True, is_test_model=True,
+        architecture="moe",
+    ),
 }
 
 _QWEN3 = re.compile(r"^Qwen/Qwen3-(?P<vl>VL-)?(?P<size>\d+(\.\d+)?B(-A\d+B)?)(?P<variant>-.*)?\Z")
@@ -117,16 +121,14 @@ _LLAMA3 = re.compile(r"^meta-llama/(Meta-)?Llama-(?P<version>3(\.\d)?)-(?P<size>
 _SMOLLM2 = re.compile(r"^HuggingFaceTB/SmolLM2-(?P<size>\d+(\.\d+)?[MB])(?P<variant>-.*)?\Z")
 
 # What the unknown-model error offers: the families that load and train end to end here. gpt-oss, DeepSeek-V3.1 and
-# Kimi-K2 run on the engine's general path too, but their chat formats are not implemented as renderers yet; the
-# vision-language mixture-of-experts models are refused by the engine.
+# Kimi-K2 run on the engine's general path too, but their chat formats are not implemented as renderers yet.
 KNOWN_FAMILIES = (
     "Qwen/Qwen3-* (dense, and mixture-of-experts -A3B/-A22B; hybrid, -Base, -Instruct-2507, -Thinking-2507)",
-    "Qwen/Qwen3-VL-* dense (-Instruct, -Thinking)",
+    "Qwen/Qwen3-VL-* (dense, and mixture-of-experts -A3B/-A22B; -Instruct, -Thinking)",
     "meta-llama/Llama-3.x-* (base and -Instruct)",
     "HuggingFaceTB/SmolLM2-* (base and -Instruct)",
     *sorted(name for name, attrs in _EXPLICIT.items() if attrs.is_test_model),
 )
-REFUSED_BY_THE_ENGINE = "vision-language mixture-of-experts models (Qwen3-VL -A3B/-A22B)"
 
 
 def _qwen3(match: re.Match[str]) -> ModelAttributes:
@@ -167,7 +169,7 @@ def get_model_attributes(model_name: str) -> ModelAttributes:
             return build(match)
     raise ConfigurationError(
         f"unknown model {model_name!r}: no attributes or recommended renderer. Known and loadable here: "
-        f"{', '.join(KNOWN_FAMILIES)} ({REFUSED_BY_THE_ENGINE} are not supported by the engine yet). "
+        f"{', '.join(KNOWN_FAMILIES)}. "
         "Pick one of these, or pass renderer_name explicitly where the recipe asks for it."
     )
 

@@ -22,7 +22,7 @@ from tinker_cookbook.engine.sampling.weights import SamplingWeights
 from tinker_cookbook.engine.store import files
 from tinker_cookbook.engine.training.session import BaseModel, TrainingSession
 from tinker_cookbook.tinker import types
-from tinker_cookbook.tinker.errors import BadRequestError, UnprocessableEntityError
+from tinker_cookbook.tinker.errors import BadRequestError
 
 MOE_MODELS = ["tinker-cookbook/tiny-qwen3-moe", "tinker-cookbook/tiny-gpt-oss", "tinker-cookbook/tiny-deepseek-v3"]
 TOLERANCE = 1e-4
@@ -197,12 +197,11 @@ def test_forced_general_path_on_a_dense_model_agrees_with_the_fast_path(
     assert [[i for i, _ in r or []] for r in a.topk_prompt_logprobs] == [[i for i, _ in r or []] for r in b.topk_prompt_logprobs]
 
 
-def test_registry_lists_the_tiny_moe_models_and_refuses_vision_moe(capsys: pytest.CaptureFixture[str]) -> None:
+def test_registry_lists_the_tiny_moe_models(capsys: pytest.CaptureFixture[str]) -> None:
     available = {spec.name for spec in models.available_models()}
-    assert set(MOE_MODELS) <= available
-    assert "Qwen/Qwen3-30B-A3B" in {spec.name for spec in models.known_models()}
-    with pytest.raises(UnprocessableEntityError, match="qwen3_vl_moe"):
-        models.get_model_spec("Qwen/Qwen3-VL-30B-A3B-Instruct")
+    assert {*MOE_MODELS, "tinker-cookbook/tiny-qwen3-vl-moe"} <= available
+    known = {spec.name for spec in models.known_models()}
+    assert {"Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-VL-30B-A3B-Instruct"} <= known  # the latter with images: test_vision_moe
     model_paths._announced.discard("tinker-cookbook/tiny-qwen3-moe")
     _session("tinker-cookbook/tiny-qwen3-moe", "announce", train_mlp=False)
     assert capsys.readouterr().err.count("runs on the general transformers path") == 1

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tinker_cookbook.base import assets, hub
-from tinker_cookbook.engine import gguf_convert, models
+from tinker_cookbook.engine import gguf_convert, model_paths, models
 from tinker_cookbook.engine.models import ModelSpec
 from tinker_cookbook.tinker.errors import NotFoundError, UnprocessableEntityError
 
@@ -25,6 +25,7 @@ TINY = {
     "tinker-cookbook/tiny-qwen3-moe": 151936,
     "tinker-cookbook/tiny-gpt-oss": 151936,
     "tinker-cookbook/tiny-deepseek-v3": 151936,
+    "tinker-cookbook/tiny-qwen3-vl-moe": 151936,
 }
 
 
@@ -136,7 +137,10 @@ MOE_LINEUP = [  # text mixture-of-experts models of the lineup: the general path
     "Qwen/Qwen3-30B-A3B-Instruct-2507",
     "Qwen/Qwen3-235B-A22B-Instruct-2507",
 ]
-VL_MOE_LINEUP = ["Qwen/Qwen3-VL-30B-A3B-Instruct", "Qwen/Qwen3-VL-235B-A22B-Instruct"]  # refused: no images there
+VL_MOE_LINEUP = ["Qwen/Qwen3-VL-30B-A3B-Instruct", "Qwen/Qwen3-VL-235B-A22B-Instruct"]  # general path, with images
+# A vision-language model of another family: its text part is no causal LM of transformers, and the engine runs
+# images for Qwen3-VL only, so it is refused.
+OTHER_VL: dict[str, object] = {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava"}
 
 
 def _no_downloads(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,23 +158,21 @@ def _no_downloads(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_registry_supports_exactly_what_loads_end_to_end() -> None:
     supported = models.supported_model_types()
-    assert {"llama", "qwen2", "qwen3", "qwen3_vl", "qwen3_moe", "gpt_oss", "deepseek_v3"} <= set(supported)
-    assert "qwen3_vl_moe" not in supported
+    assert {"llama", "qwen2", "qwen3", "qwen3_vl", "qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_vl_moe"} <= set(
+        supported)
+    assert "llava" not in supported
     known = {spec.name for spec in models.known_models()}
-    assert set(MOE_LINEUP) <= known and not set(VL_MOE_LINEUP) & known
+    assert set(MOE_LINEUP) <= known and set(VL_MOE_LINEUP) <= known
     for spec in models.available_models():
         config = models.load_model_config(spec.name)
         assert config.model_type in supported, spec.name
 
 
 @pytest.mark.parametrize("name", VL_MOE_LINEUP)
-def test_vision_moe_lineup_models_fail_before_any_download(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    _no_downloads(monkeypatch)
-    with pytest.raises(UnprocessableEntityError, match=r"model_type='qwen3_vl_moe'.*vision-language") as info:
-        models.get_model_spec(name)
-    assert f"base_model={name!r}" in str(info.value) and "Qwen3-VL" in str(info.value)
-    with pytest.raises(UnprocessableEntityError):
-        models.load_model(name)
+def test_vision_moe_lineup_models_are_vision_language_models_of_the_general_path(name: str) -> None:
+    spec = next(spec for spec in models.known_models() if spec.name == name)
+    assert spec.arch == "qwen3_vl" and spec.source == "hf"
+    assert model_paths.is_general(models.load_model_config("tinker-cookbook/tiny-qwen3-vl-moe"))
 
 
 def _put_config_in_hf_cache(cache: Path, repo_id: str, config: dict[str, object]) -> None:
@@ -185,15 +187,14 @@ def _put_config_in_hf_cache(cache: Path, repo_id: str, config: dict[str, object]
 def test_cached_model_of_an_unsupported_architecture_is_not_offered(
     offline_empty_hf_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    vl_moe: dict[str, object] = {"architectures": ["Qwen3VLMoeForConditionalGeneration"], "model_type": "qwen3_vl_moe"}
     other: dict[str, object] = {"architectures": ["T5ForConditionalGeneration"], "model_type": "t5"}  # not a causal LM
-    _put_config_in_hf_cache(offline_empty_hf_cache, "acme/vl-moe", vl_moe)
+    _put_config_in_hf_cache(offline_empty_hf_cache, "acme/vl-other", OTHER_VL)
     _put_config_in_hf_cache(offline_empty_hf_cache, "acme/t5-ish", other)
     listed = {spec.name for spec in models.available_models()} | {spec.name for spec in models.known_models()}
-    assert "acme/vl-moe" not in listed and "acme/t5-ish" not in listed
+    assert "acme/vl-other" not in listed and "acme/t5-ish" not in listed
     _no_downloads(monkeypatch)
-    with pytest.raises(UnprocessableEntityError, match="vision-language mixture-of-experts"):
-        models.load_model("acme/vl-moe")
+    with pytest.raises(UnprocessableEntityError, match="model_type='llava'.*not a text causal LM.*Qwen3-VL"):
+        models.load_model("acme/vl-other")
     with pytest.raises(UnprocessableEntityError, match="model_type='t5'"):
         models.get_model_spec("acme/t5-ish")
 
@@ -206,8 +207,7 @@ def test_hub_model_of_an_unsupported_architecture_fails_before_its_weights(
     from transformers import AutoModelForCausalLM
 
     config_file = offline_empty_hf_cache / "config.json"
-    config_file.write_text(json.dumps({"architectures": ["Qwen3VLMoeForConditionalGeneration"],
-                                       "model_type": "qwen3_vl_moe"}))
+    config_file.write_text(json.dumps(OTHER_VL))
     fetched: list[str] = []
 
     def fetch_config(repo_id: str, filename: str, **kwargs: object) -> str:
@@ -220,8 +220,8 @@ def test_hub_model_of_an_unsupported_architecture_fails_before_its_weights(
     monkeypatch.setattr(hub, "hub_is_reachable", lambda: True)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fetch_config)
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
-    with pytest.raises(UnprocessableEntityError, match="acme/new-moe.*vision-language mixture-of-experts"):
-        models.load_model("acme/new-moe")
+    with pytest.raises(UnprocessableEntityError, match="acme/new-vl.*not a text causal LM"):
+        models.load_model("acme/new-vl")
     assert set(fetched) == {"config.json"}
 
 

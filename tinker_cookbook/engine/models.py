@@ -185,10 +185,10 @@ def _is_vision_language(model_type: str) -> bool:
 
 
 def supported_model_types() -> tuple[str, ...]:
-    """The HF ``model_type`` values the engine runs end to end (trained with peft and sampled): the fast paths'
-    and every causal LM of transformers on the general path (``model_paths``), less the refused ones."""
-    return tuple(sorted(t for t in {*model_paths.FAST_MODEL_TYPES, *model_paths.causal_lm_types()}
-                        if model_paths.runs(t)))
+    """The HF ``model_type`` values the engine runs end to end (trained with peft and sampled): the fast paths',
+    and on the general path (``model_paths``) every causal LM of transformers and Qwen3-VL-MoE."""
+    types = {*model_paths.FAST_MODEL_TYPES, *model_paths.GENERAL_VISION_MODEL_TYPES, *model_paths.causal_lm_types()}
+    return tuple(sorted(t for t in types if model_paths.runs(t)))
 
 
 def _check_supported(name: str, model_type: str) -> None:
