@@ -31,7 +31,13 @@ import torch
 from tinker_cookbook.engine import vision
 from tinker_cookbook.engine.sampling.batch import Sequence, select_tokens_per_owner
 from tinker_cookbook.engine.sampling.requests import ModelLimits
-from tinker_cookbook.engine.sampling.steps import BatchLimits, PendingRequest, PromptKey, SamplerStats, advance
+from tinker_cookbook.engine.sampling.steps import (
+    BatchLimits,
+    PendingRequest,
+    PromptKey,
+    SamplerStats,
+    advance,
+)
 from tinker_cookbook.engine.training.general import v5_targets
 from tinker_cookbook.tinker.errors import UnprocessableEntityError
 
