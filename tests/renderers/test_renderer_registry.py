@@ -28,6 +28,10 @@ TOKENIZER_FOR = {
     "qwen3_vl_instruct": "qwen3",
     "chatml": "smollm2",
     "chatml_tools": "smollm2",
+    "gpt_oss_no_sysprompt": "harmony",
+    "gpt_oss_low_reasoning": "harmony",
+    "gpt_oss_medium_reasoning": "harmony",
+    "gpt_oss_high_reasoning": "harmony",
 }
 
 

@@ -47,6 +47,7 @@ from tinker_cookbook.renderers.base import (
 )
 from tinker_cookbook.renderers.chatml import SMOLLM2_DEFAULT_SYSTEM_PROMPT, ChatMLRenderer
 from tinker_cookbook.renderers.chatml_tools import ChatMLToolsRenderer
+from tinker_cookbook.renderers.gpt_oss import GptOssRenderer
 from tinker_cookbook.renderers.llama3 import Llama3Renderer
 from tinker_cookbook.renderers.qwen3 import (
     Qwen3DisableThinkingRenderer,
@@ -78,15 +79,17 @@ BUILTIN_RENDERERS: dict[str, RendererFactory] = {
     "qwen3_vl_instruct": lambda tok, proc: Qwen3VLInstructRenderer(tok, proc),
     "chatml": lambda tok, _: ChatMLRenderer(tok, default_system_prompt=SMOLLM2_DEFAULT_SYSTEM_PROMPT),
     "chatml_tools": lambda tok, _: ChatMLToolsRenderer(tok),
+    "gpt_oss_no_sysprompt": lambda tok, _: GptOssRenderer(tok),
+    "gpt_oss_low_reasoning": lambda tok, _: GptOssRenderer(tok, reasoning_effort="low"),
+    "gpt_oss_medium_reasoning": lambda tok, _: GptOssRenderer(tok, reasoning_effort="medium"),
+    "gpt_oss_high_reasoning": lambda tok, _: GptOssRenderer(tok, reasoning_effort="high"),
 }
 """Every built-in renderer name and how to build it from ``(tokenizer, image_processor)``."""
 
 _VISION_RENDERERS = frozenset({"qwen3_vl", "qwen3_vl_instruct"})
 
 # Formats of models in the Tinker lineup that the cookbook renders but this project does not implement yet.
-_NOT_YET_IMPLEMENTED = frozenset(
-    {"gpt_oss_no_sysprompt", "gpt_oss_medium_reasoning", "deepseekv3", "deepseekv3_thinking", "kimi_k2"}
-)
+_NOT_YET_IMPLEMENTED = frozenset({"deepseekv3", "deepseekv3_thinking", "kimi_k2"})
 
 _custom_renderers: dict[str, RendererFactory] = {}
 
@@ -167,6 +170,7 @@ __all__ = [
     "Content",
     "ContentPart",
     "FunctionBody",
+    "GptOssRenderer",
     "ImagePart",
     "Llama3Renderer",
     "Message",
