@@ -69,3 +69,9 @@ def test_unknown_model_and_bad_rank_are_clear_errors(monkeypatch):
     assert "Qwen/Qwen3-8B" in str(info.value) and "A3B" not in str(info.value)  # dense ones suggested
     with pytest.raises(ConfigurationError, match="lora_rank=0"):
         hp.get_lora_param_count("Qwen/Qwen3-8B", lora_rank=0)
+
+
+def test_vision_moe_models_size_by_their_language_model():
+    # LoRA adapts a Qwen3-VL-MoE model's language model only, which has the shape of its text sibling.
+    assert hp.get_lr("Qwen/Qwen3-VL-30B-A3B-Instruct") == hp.get_lr("Qwen/Qwen3-30B-A3B")
+    assert hp.get_model_dims("tinker-cookbook/tiny-qwen3-vl-moe") == hp.get_model_dims("tinker-cookbook/tiny-qwen3-moe")

@@ -76,7 +76,9 @@ for _base, _variants in {
     "Qwen/Qwen3-4B": ["Qwen/Qwen3-4B-Base"],
     "Qwen/Qwen3-8B": ["Qwen/Qwen3-8B-Base"],
     "Qwen/Qwen3-14B": ["Qwen/Qwen3-14B-Base"],
-    "Qwen/Qwen3-30B-A3B": ["Qwen/Qwen3-30B-A3B-Base", "Qwen/Qwen3-30B-A3B-Instruct-2507"],
+    # Qwen3-VL-30B-A3B's language model has Qwen3-30B-A3B's shape (LoRA adapts the language model only).
+    "Qwen/Qwen3-30B-A3B": ["Qwen/Qwen3-30B-A3B-Base", "Qwen/Qwen3-30B-A3B-Instruct-2507",
+                           "Qwen/Qwen3-VL-30B-A3B-Instruct"],
     "HuggingFaceTB/SmolLM2-135M-Instruct": ["HuggingFaceTB/SmolLM2-135M"],
 }.items():
     for _variant in _variants:
@@ -84,7 +86,7 @@ for _base, _variants in {
 
 _MODEL_TYPE_FAMILIES: dict[str, Family] = {
     "llama": "llama", "qwen2": "qwen", "qwen3": "qwen", "qwen3_moe": "qwen", "qwen3_vl": "qwen",
-    "qwen3_vl_text": "qwen",
+    "qwen3_vl_text": "qwen", "qwen3_vl_moe": "qwen", "qwen3_vl_moe_text": "qwen",
 }
 
 
