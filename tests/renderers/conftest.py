@@ -25,15 +25,28 @@ def smollm2_tokenizer() -> Tokenizer:
     return tokenizer_utils.get_tokenizer("HuggingFaceTB/SmolLM2-135M-Instruct")
 
 
-@pytest.fixture(scope="session")
-def harmony_tokenizer() -> Tokenizer:
-    """No gpt-oss tokenizer ships offline: a copy of Qwen3's with harmony's special tokens added. The gpt_oss tests
-    check the format as text (decoded), so the ids being this vocabulary's does not matter."""
+def _with_special_tokens(tokens: tuple[str, ...]) -> Tokenizer:
+    """A copy of Qwen3's tokenizer with ``tokens`` added as special tokens: the stand-in for a family whose tokenizer
+    does not ship offline. Its tests check that family's format as text (decoded), so the ids being this
+    vocabulary's does not matter."""
     from tokenizers import AddedToken
 
+    tokenizer = copy.deepcopy(tokenizer_utils.get_tokenizer("Qwen/Qwen3-8B"))
+    tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in tokens], special_tokens=True)
+    return tokenizer
+
+
+@pytest.fixture(scope="session")
+def harmony_tokenizer() -> Tokenizer:
+    """gpt-oss's special tokens (harmony) on Qwen3's vocabulary."""
     from tinker_cookbook.renderers.gpt_oss import SPECIAL_TOKENS
 
-    tokenizer = copy.deepcopy(tokenizer_utils.get_tokenizer("Qwen/Qwen3-8B"))
-    tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS],
-                         special_tokens=True)
-    return tokenizer
+    return _with_special_tokens(SPECIAL_TOKENS)
+
+
+@pytest.fixture(scope="session")
+def deepseek_tokenizer() -> Tokenizer:
+    """DeepSeek-V3.1's special tokens on Qwen3's vocabulary (which has ``<think>`` and ``</think>`` already)."""
+    from tinker_cookbook.renderers.deepseek_v3 import SPECIAL_TOKENS
+
+    return _with_special_tokens(SPECIAL_TOKENS)

@@ -32,6 +32,9 @@ TOKENIZER_FOR = {
     "gpt_oss_low_reasoning": "harmony",
     "gpt_oss_medium_reasoning": "harmony",
     "gpt_oss_high_reasoning": "harmony",
+    "deepseekv3": "deepseek",
+    "deepseekv3_disable_thinking": "deepseek",
+    "deepseekv3_thinking": "deepseek",
 }
 
 

@@ -47,6 +47,7 @@ from tinker_cookbook.renderers.base import (
 )
 from tinker_cookbook.renderers.chatml import SMOLLM2_DEFAULT_SYSTEM_PROMPT, ChatMLRenderer
 from tinker_cookbook.renderers.chatml_tools import ChatMLToolsRenderer
+from tinker_cookbook.renderers.deepseek_v3 import DeepSeekV3Renderer
 from tinker_cookbook.renderers.gpt_oss import GptOssRenderer
 from tinker_cookbook.renderers.llama3 import Llama3Renderer
 from tinker_cookbook.renderers.qwen3 import (
@@ -83,13 +84,16 @@ BUILTIN_RENDERERS: dict[str, RendererFactory] = {
     "gpt_oss_low_reasoning": lambda tok, _: GptOssRenderer(tok, reasoning_effort="low"),
     "gpt_oss_medium_reasoning": lambda tok, _: GptOssRenderer(tok, reasoning_effort="medium"),
     "gpt_oss_high_reasoning": lambda tok, _: GptOssRenderer(tok, reasoning_effort="high"),
+    "deepseekv3": lambda tok, _: DeepSeekV3Renderer(tok),
+    "deepseekv3_disable_thinking": lambda tok, _: DeepSeekV3Renderer(tok),
+    "deepseekv3_thinking": lambda tok, _: DeepSeekV3Renderer(tok, thinking=True),
 }
 """Every built-in renderer name and how to build it from ``(tokenizer, image_processor)``."""
 
 _VISION_RENDERERS = frozenset({"qwen3_vl", "qwen3_vl_instruct"})
 
 # Formats of models in the Tinker lineup that the cookbook renders but this project does not implement yet.
-_NOT_YET_IMPLEMENTED = frozenset({"deepseekv3", "deepseekv3_thinking", "kimi_k2"})
+_NOT_YET_IMPLEMENTED = frozenset({"kimi_k2"})
 
 _custom_renderers: dict[str, RendererFactory] = {}
 
@@ -169,6 +173,7 @@ __all__ = [
     "ChatMLToolsRenderer",
     "Content",
     "ContentPart",
+    "DeepSeekV3Renderer",
     "FunctionBody",
     "GptOssRenderer",
     "ImagePart",
