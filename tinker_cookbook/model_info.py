@@ -75,8 +75,7 @@ def _attrs(
 
 
 # Models outside the Qwen3 / Llama-3 / SmolLM2 rules: the docs' lineup and the tiny test models. The renderers
-# named for gpt-oss (harmony), DeepSeek and Kimi are the cookbook's names for their formats; DeepSeek's and Kimi's
-# are not implemented yet, and get_renderer says so.
+# named for gpt-oss (harmony), DeepSeek and Kimi are the cookbook's names for their formats.
 _GPT_OSS = ("gpt_oss_no_sysprompt", "gpt_oss_medium_reasoning")
 _EXPLICIT: dict[str, ModelAttributes] = {
     "openai/gpt-oss-120b": _attrs("openai", "oss", "120B", "reasoning", _GPT_OSS, architecture="moe"),
@@ -121,8 +120,7 @@ _LLAMA3 = re.compile(r"^meta-llama/(Meta-)?Llama-(?P<version>3(\.\d)?)-(?P<size>
 _SMOLLM2 = re.compile(r"^HuggingFaceTB/SmolLM2-(?P<size>\d+(\.\d+)?[MB])(?P<variant>-.*)?\Z")
 
 # What the unknown-model error offers: the families that load and train end to end here. gpt-oss, DeepSeek-V3.1 and
-# Kimi-K2 run on the engine's general path too, but their tokenizers do not ship offline (and DeepSeek's and Kimi's
-# chat formats are not implemented as renderers yet).
+# Kimi-K2 run on the engine's general path and have renderers too, but their tokenizers do not ship offline.
 KNOWN_FAMILIES = (
     "Qwen/Qwen3-* (dense, and mixture-of-experts -A3B/-A22B; hybrid, -Base, -Instruct-2507, -Thinking-2507)",
     "Qwen/Qwen3-VL-* (dense, and mixture-of-experts -A3B/-A22B; -Instruct, -Thinking)",

@@ -50,3 +50,11 @@ def deepseek_tokenizer() -> Tokenizer:
     from tinker_cookbook.renderers.deepseek_v3 import SPECIAL_TOKENS
 
     return _with_special_tokens(SPECIAL_TOKENS)
+
+
+@pytest.fixture(scope="session")
+def kimi_tokenizer() -> Tokenizer:
+    """Kimi-K2's special tokens on Qwen3's vocabulary (which has ``<|im_end|>``, ``<think>`` and ``</think>``)."""
+    from tinker_cookbook.renderers.kimi_k2 import SPECIAL_TOKENS
+
+    return _with_special_tokens(SPECIAL_TOKENS)

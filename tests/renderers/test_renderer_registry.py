@@ -35,6 +35,7 @@ TOKENIZER_FOR = {
     "deepseekv3": "deepseek",
     "deepseekv3_disable_thinking": "deepseek",
     "deepseekv3_thinking": "deepseek",
+    "kimi_k2": "kimi",
 }
 
 

@@ -49,6 +49,7 @@ from tinker_cookbook.renderers.chatml import SMOLLM2_DEFAULT_SYSTEM_PROMPT, Chat
 from tinker_cookbook.renderers.chatml_tools import ChatMLToolsRenderer
 from tinker_cookbook.renderers.deepseek_v3 import DeepSeekV3Renderer
 from tinker_cookbook.renderers.gpt_oss import GptOssRenderer
+from tinker_cookbook.renderers.kimi_k2 import KimiK2Renderer
 from tinker_cookbook.renderers.llama3 import Llama3Renderer
 from tinker_cookbook.renderers.qwen3 import (
     Qwen3DisableThinkingRenderer,
@@ -87,13 +88,11 @@ BUILTIN_RENDERERS: dict[str, RendererFactory] = {
     "deepseekv3": lambda tok, _: DeepSeekV3Renderer(tok),
     "deepseekv3_disable_thinking": lambda tok, _: DeepSeekV3Renderer(tok),
     "deepseekv3_thinking": lambda tok, _: DeepSeekV3Renderer(tok, thinking=True),
+    "kimi_k2": lambda tok, _: KimiK2Renderer(tok),
 }
 """Every built-in renderer name and how to build it from ``(tokenizer, image_processor)``."""
 
 _VISION_RENDERERS = frozenset({"qwen3_vl", "qwen3_vl_instruct"})
-
-# Formats of models in the Tinker lineup that the cookbook renders but this project does not implement yet.
-_NOT_YET_IMPLEMENTED = frozenset({"kimi_k2"})
 
 _custom_renderers: dict[str, RendererFactory] = {}
 
@@ -138,13 +137,8 @@ def get_renderer(
     """
     factory = _custom_renderers.get(name) or BUILTIN_RENDERERS.get(name)
     if factory is None:
-        hint = (
-            " (a known format that this project does not implement yet)"
-            if name in _NOT_YET_IMPLEMENTED
-            else ""
-        )
         raise RendererError(
-            f"unknown renderer name {name!r}{hint}; valid names: {get_registered_renderer_names()}. "
+            f"unknown renderer name {name!r}; valid names: {get_registered_renderer_names()}. "
             "register_renderer(name, factory) adds your own"
         )
     if image_processor is None and model_name is not None and name in _VISION_RENDERERS:
@@ -177,6 +171,7 @@ __all__ = [
     "FunctionBody",
     "GptOssRenderer",
     "ImagePart",
+    "KimiK2Renderer",
     "Llama3Renderer",
     "Message",
     "MessageDelta",
