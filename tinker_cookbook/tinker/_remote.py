@@ -116,6 +116,8 @@ def connect(base_url: str, key: str | None, make: Callable[[], T]) -> T:
                 "ServiceClient(base_url=..., api_key='tml-...'), set TINKER_API_KEY, or store a key with "
                 "`tinker auth login` (the server's key, e.g. the one `tinker-cookbook serve` printed)"
             ) from exc
+        if _drift.lacks_client_config(exc):
+            raise _drift.client_config_drift_error(base_url) from exc
         translated = translate_error(exc)
         if translated is exc:
             raise
