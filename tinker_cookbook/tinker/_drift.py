@@ -7,6 +7,9 @@ each release's source):
   else and stops when that route is missing (404); 0.16.1 and earlier never ask. SkyRL-tx 0.3.0 has no such route:
   no client of this project's SDK reaches it, while the official SDK 0.16.1, used directly, trains, samples and
   resumes on it;
+- protobuf: since tinker 0.25.0 the SDK always sends ``forward_backward`` as protobuf and reads sampling and
+  ``forward_backward`` results only as protobuf (a server that speaks JSON only cannot serve it; this module
+  does not recognise that case);
 - sampling: since tinker 0.26.0 the SDK requires the sampling future to carry ``sample_sequence_ids`` (one id per
   sample, for provenance spans) and fails with an ``AssertionError`` when a server sends none; 0.25.0 and earlier
   sample from such a server;
