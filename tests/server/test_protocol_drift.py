@@ -80,6 +80,34 @@ class NoClientConfig:
         return await self.app(scope, receive, send)
 
 
+class JsonResults:
+    """ASGI middleware that answers in JSON where the server sends a protobuf result (as servers older than the
+    SDK's protobuf results do): the SDK then fails before it reads the payload, so any JSON object will do."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("path") != "/api/v1/retrieve_future":
+            return await self.app(scope, receive, send)
+        start: dict[str, Any] = {}
+        chunks: list[bytes] = []
+
+        async def capture(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                start.update(message)
+                return
+            chunks.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            if b"protobuf" in dict(start.get("headers", [])).get(b"content-type", b""):
+                return await _json(send, start["status"], {"type": "sample", "sequences": []})
+            await send({**start, "type": "http.response.start"})
+            await send({"type": "http.response.body", "body": b"".join(chunks)})
+
+        await self.app(scope, receive, capture)
+
+
 async def _read_body(receive: Any) -> bytes:
     chunks = []
     while True:
@@ -118,6 +146,21 @@ def test_a_server_without_client_config_is_named_with_the_sdk_range_that_reaches
         message = str(caught.value)
         assert url in message and "no /api/v1/client/config route" in message
         assert "older Tinker protocol" in message and "tinker<=0.16.1" in message
+
+
+def test_json_results_name_the_protocol_and_the_sdk_range_that_reads_them(server_backend: Any) -> None:
+    for url in serve(JsonResults(_app(server_backend))):
+        client = tinker.ServiceClient(base_url=url).create_lora_training_client(MODEL, rank=4, seed=5)
+        with pytest.raises(errors.APIResponseValidationError) as caught:
+            client.forward_backward(DATA, "cross_entropy").result(timeout=TIMEOUT_S)
+        client.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=TIMEOUT_S)  # JSON results still work
+        sampler = client.save_weights_and_get_sampling_client()
+        with pytest.raises(errors.APIResponseValidationError) as caught_sampling:
+            sampler.sample(types.ModelInput.from_ints([1, 5]), 1,
+                           types.SamplingParams(max_tokens=2, temperature=0.0)).result(timeout=TIMEOUT_S)
+        for message in (str(caught.value), str(caught_sampling.value)):
+            assert url in message and "sent a result as JSON" in message
+            assert "older Tinker protocol" in message and "tinker<=0.24.1" in message
 
 
 DATA = [types.Datum(model_input=types.ModelInput.from_ints([1, 5, 9, 14, 3]),

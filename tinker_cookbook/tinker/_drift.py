@@ -8,8 +8,8 @@ each release's source):
   no client of this project's SDK reaches it, while the official SDK 0.16.1, used directly, trains, samples and
   resumes on it;
 - protobuf: since tinker 0.25.0 the SDK always sends ``forward_backward`` as protobuf and reads sampling and
-  ``forward_backward`` results only as protobuf (a server that speaks JSON only cannot serve it; this module
-  does not recognise that case);
+  ``forward_backward`` results only as protobuf, failing with a ``ValueError`` on a JSON result; 0.24.1 and
+  earlier read JSON results (and send protobuf only when the server's client config asks);
 - sampling: since tinker 0.26.0 the SDK requires the sampling future to carry ``sample_sequence_ids`` (one id per
   sample, for provenance spans) and fails with an ``AssertionError`` when a server sends none; 0.25.0 and earlier
   sample from such a server;
@@ -18,8 +18,9 @@ each release's source):
   ``model_id`` there (the older addressing: create the model, then load) refuses it with 400/422. 0.24.0 and
   earlier create, then load.
 
-This module recognises these answers and says so: the remote backend turns the first two into errors that name the
-server, what it lacks and the SDK range that works, and falls back for the third (create the client, then
+This module recognises these answers and says so: the remote backend turns a missing client config, a JSON result
+and a sampling answer without ids into errors that name the server, what it lacks and the SDK range that works,
+and falls back for the older resume (create the client, then
 ``load_state``), which gives the same client as the one-request form.
 """
 
@@ -30,6 +31,8 @@ from tinker_cookbook.tinker import errors
 CLIENT_CONFIG_ROUTE = "/api/v1/client/config"
 CLIENT_CONFIG_SDK_RANGE = "tinker<=0.16.1"
 """The official SDKs that connect to a server without ``/api/v1/client/config`` (0.17 was never released)."""
+JSON_RESULTS_SDK_RANGE = "tinker<=0.24.1"
+"""The official SDKs that read sampling and ``forward_backward`` results sent as JSON."""
 SAMPLING_SDK_RANGE = "tinker<=0.25.0"
 """The official SDKs that sample from a server that sends no sample sequence ids."""
 RESUME_SDK_RANGE = "tinker<=0.24.0"
@@ -62,6 +65,21 @@ def client_config_drift_error(base_url: str) -> errors.NotFoundError:
         "SkyRL-tx 0.3.0 does), and this project's remote backend, which needs tinker==0.38.0, cannot use it. Use "
         f"the official SDK directly in the range {CLIENT_CONFIG_SDK_RANGE} with that server, or update the server to "
         f"one that answers {CLIENT_CONFIG_ROUTE}"
+    )
+
+
+def answered_json_not_protobuf(exc: BaseException) -> bool:
+    """The SDK's failure on a JSON result where it reads only protobuf (a server older than tinker 0.25.0)."""
+    return isinstance(exc, ValueError) and "only supports as proto" in str(exc)
+
+
+def json_result_drift_error(base_url: str) -> errors.APIResponseValidationError:
+    return errors.APIResponseValidationError(
+        f"the server at {base_url} sent a result as JSON, where the official tinker SDK {sdk_version()} reads "
+        "sampling and forward_backward results only as protobuf (every SDK since 0.25.0 does): the server speaks "
+        "an older Tinker protocol, and this project's remote backend, which needs tinker==0.38.0, cannot use it "
+        f"for this. Use the official SDK directly in the range {JSON_RESULTS_SDK_RANGE} with that server, or update "
+        "the server to one that answers in protobuf"
     )
 
 
