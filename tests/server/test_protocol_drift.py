@@ -1,6 +1,7 @@
-"""The remote backend against a server of an older Tinker protocol (a stub that mimics SkyRL-tx 0.4's answers):
-training works; sampling fails with an error that names what is missing and the SDK range that works; resuming
-falls back to creating the client and loading the checkpoint."""
+"""The remote backend against servers of an older Tinker protocol (stubs that answer as older servers do): one
+without the client-config route cannot be reached, and the error says why and which SDK range works; on one that
+has the route, training works, sampling fails with an error that names what is missing and the SDK range that
+works, and resuming falls back to creating the client and loading the checkpoint."""
 
 from __future__ import annotations
 
@@ -67,6 +68,46 @@ class OlderProtocol:
         await self.app(scope, replay, capture)
 
 
+class NoClientConfig:
+    """ASGI middleware that removes ``/api/v1/client/config`` (404), as SkyRL-tx 0.3.0 has no such route."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("path") == "/api/v1/client/config":
+            return await _json(send, 404, {"detail": "Not Found"})
+        return await self.app(scope, receive, send)
+
+
+class JsonResults:
+    """ASGI middleware that answers in JSON where the server sends a protobuf result (as servers older than the
+    SDK's protobuf results do): the SDK then fails before it reads the payload, so any JSON object will do."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("path") != "/api/v1/retrieve_future":
+            return await self.app(scope, receive, send)
+        start: dict[str, Any] = {}
+        chunks: list[bytes] = []
+
+        async def capture(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                start.update(message)
+                return
+            chunks.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            if b"protobuf" in dict(start.get("headers", [])).get(b"content-type", b""):
+                return await _json(send, start["status"], {"type": "sample", "sequences": []})
+            await send({**start, "type": "http.response.start"})
+            await send({"type": "http.response.body", "body": b"".join(chunks)})
+
+        await self.app(scope, receive, capture)
+
+
 async def _read_body(receive: Any) -> bytes:
     chunks = []
     while True:
@@ -83,15 +124,43 @@ async def _json(send: Any, status: int, payload: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-@pytest.fixture(scope="module")
-def older_server(server_backend: Any) -> Iterator[str]:
+def _app(server_backend: Any) -> Any:
     import fastapi
 
     from tinker_cookbook.server.tinker_api import build_router
 
     app = fastapi.FastAPI()
     app.include_router(build_router(server_backend))
-    yield from serve(OlderProtocol(app))
+    return app
+
+
+@pytest.fixture(scope="module")
+def older_server(server_backend: Any) -> Iterator[str]:
+    yield from serve(OlderProtocol(_app(server_backend)))
+
+
+def test_a_server_without_client_config_is_named_with_the_sdk_range_that_reaches_it(server_backend: Any) -> None:
+    for url in serve(NoClientConfig(_app(server_backend))):
+        with pytest.raises(errors.NotFoundError) as caught:
+            tinker.ServiceClient(base_url=url)
+        message = str(caught.value)
+        assert url in message and "no /api/v1/client/config route" in message
+        assert "older Tinker protocol" in message and "tinker<=0.16.1" in message
+
+
+def test_json_results_name_the_protocol_and_the_sdk_range_that_reads_them(server_backend: Any) -> None:
+    for url in serve(JsonResults(_app(server_backend))):
+        client = tinker.ServiceClient(base_url=url).create_lora_training_client(MODEL, rank=4, seed=5)
+        with pytest.raises(errors.APIResponseValidationError) as caught:
+            client.forward_backward(DATA, "cross_entropy").result(timeout=TIMEOUT_S)
+        client.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=TIMEOUT_S)  # JSON results still work
+        sampler = client.save_weights_and_get_sampling_client()
+        with pytest.raises(errors.APIResponseValidationError) as caught_sampling:
+            sampler.sample(types.ModelInput.from_ints([1, 5]), 1,
+                           types.SamplingParams(max_tokens=2, temperature=0.0)).result(timeout=TIMEOUT_S)
+        for message in (str(caught.value), str(caught_sampling.value)):
+            assert url in message and "sent a result as JSON" in message
+            assert "older Tinker protocol" in message and "tinker<=0.24.1" in message
 
 
 DATA = [types.Datum(model_input=types.ModelInput.from_ints([1, 5, 9, 14, 3]),

@@ -116,6 +116,8 @@ def connect(base_url: str, key: str | None, make: Callable[[], T]) -> T:
                 "ServiceClient(base_url=..., api_key='tml-...'), set TINKER_API_KEY, or store a key with "
                 "`tinker auth login` (the server's key, e.g. the one `tinker-cookbook serve` printed)"
             ) from exc
+        if _drift.lacks_client_config(exc):
+            raise _drift.client_config_drift_error(base_url) from exc
         translated = translate_error(exc)
         if translated is exc:
             raise
@@ -398,7 +400,8 @@ class RemoteBackend:
         client = self._client(run_id)
         sdk_data = to_sdk_data(self._sdk, data)
         method = client.forward_backward if backward else client.forward
-        return adapt(_sdk_future(call(lambda: method(sdk_data, loss_fn, loss_fn_config))), from_sdk_forward_output)
+        return then(_sdk_future(call(lambda: method(sdk_data, loss_fn, loss_fn_config))), from_sdk_forward_output,
+                    self._result_error)
 
     def forward_backward_custom(self, run_id: str, data: list[types.Datum], loss_fn: CustomLossFn
                                 ) -> concurrent.futures.Future[types.ForwardBackwardOutput]:
@@ -409,8 +412,8 @@ class RemoteBackend:
         def on_our_data(_sdk_data: Any, logprobs: list[Any]) -> tuple[Any, dict[str, float]]:
             return loss_fn(list(data), logprobs)
 
-        return adapt(_sdk_future(call(lambda: client.forward_backward_custom(sdk_data, on_our_data))),
-                     from_sdk_forward_output)
+        return then(_sdk_future(call(lambda: client.forward_backward_custom(sdk_data, on_our_data))),
+                    from_sdk_forward_output, self._result_error)
 
     def optim_step(self, run_id: str, adam_params: types.AdamParams
                    ) -> concurrent.futures.Future[types.OptimStepResponse]:
@@ -491,9 +494,12 @@ class RemoteBackend:
                                                  sampling_params=sdk_params,
                                                  include_prompt_logprobs=include_prompt_logprobs,
                                                  topk_prompt_logprobs=topk_prompt_logprobs))
-        return then(_sdk_future(sent), from_sdk_sample_response, self._sampling_error)
+        return then(_sdk_future(sent), from_sdk_sample_response, self._result_error)
 
-    def _sampling_error(self, exc: BaseException) -> BaseException:
+    def _result_error(self, exc: BaseException) -> BaseException:
+        """A result's failure, as ``translate_error`` gives it, unless an older server's answer caused it."""
         if _drift.lacks_sample_sequence_ids(exc):
             return _drift.sampling_drift_error(self.base_url)
+        if _drift.answered_json_not_protobuf(exc):
+            return _drift.json_result_drift_error(self.base_url)
         return translate_error(exc)
