@@ -113,7 +113,7 @@ def test_missing_special_tokens_and_tool_declarations_are_clear_errors(kimi_toke
     with pytest.raises(RendererError, match=r"needs Kimi's tokenizer.*'<\|im_system\|>'"):
         KimiK2Renderer(qwen3_tokenizer)
     renderer = get_renderer("kimi_k2", kimi_tokenizer)
-    with pytest.raises(RendererError, match="does not declare tools"):
+    with pytest.raises(RendererError, match="do not declare tools"):
         renderer.create_conversation_prefix_with_tools([{"name": "add", "description": "", "parameters": {}}])
     with pytest.raises(RendererError, match="cannot force a tool call"):
         renderer.tool_call_prefix()

@@ -233,10 +233,21 @@ class Renderer(abc.ABC):
         """True for renderers whose format has no reasoning; training a message that reasoned is then an error."""
         return False
 
+    special_token_tool_calls: tuple[str, str] | None = None
+    """For formats whose tool calls are framed by special tokens, (the format's name, how it declares tools):
+    such a renderer renders and parses calls and results, but declares no tools, and no text prefill can open a
+    call. None: the format has no tool calls, or declares tools (and then overrides the two methods below)."""
+
     def create_conversation_prefix_with_tools(
         self, tools: Sequence[ToolSpec], system_prompt: str = ""
     ) -> list[Message]:
         """Messages that declare ``tools`` (and ``system_prompt``), to put before the conversation."""
+        if self.special_token_tool_calls is not None:
+            fmt, declaration = self.special_token_tool_calls
+            raise RendererError(
+                f"the {fmt} renderers do not declare tools ({declaration} is not implemented); they render and parse "
+                "tool calls and results. Use a qwen3 or llama3 renderer for tool use"
+            )
         raise RendererError(
             f"{type(self).__name__} has no tool-calling format; use a renderer with tool calls (qwen3, qwen3_instruct, "
             "llama3, chatml_tools) for tool use"
@@ -246,6 +257,11 @@ class Renderer(abc.ABC):
         """The text that opens an assistant reply with a tool call (to ``name`` when given): a sampler prefilled
         with it must call a tool, which is how a server honours OpenAI's ``tool_choice`` "required" or a named
         function. The reply is parsed from this text plus the sampled tokens."""
+        if self.special_token_tool_calls is not None:
+            raise RendererError(
+                f"the {self.special_token_tool_calls[0]} renderers cannot force a tool call: the format opens one "
+                "with special tokens, which a prefill (plain text) cannot hold; sample without tool_choice='required'"
+            )
         raise RendererError(
             f"{type(self).__name__} has no tool-calling format; use a renderer with tool calls (qwen3, qwen3_instruct, "
             "llama3, chatml_tools) for tool use"

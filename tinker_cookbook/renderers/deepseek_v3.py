@@ -40,7 +40,6 @@ from tinker_cookbook.renderers.base import (
     TextPart,
     ThinkingPart,
     ToolCall,
-    ToolSpec,
     UnparsedToolCall,
     get_text_content,
     get_thinking_content,
@@ -62,6 +61,8 @@ _CALL = re.compile(re.escape(CALL_BEGIN) + r"(.*?)" + re.escape(CALL_SEP) + r"(.
 
 class DeepSeekV3Renderer(Renderer):
     """DeepSeek-V3.1's format (see the module docstring); ``thinking`` picks the mode."""
+
+    special_token_tool_calls = ("deepseekv3", "DeepSeek's '## Tools' system prompt")
 
     def __init__(self, tokenizer: Tokenizer, thinking: bool = False):
         super().__init__(tokenizer)
@@ -133,20 +134,6 @@ class DeepSeekV3Renderer(Renderer):
 
     def get_stop_sequences(self) -> list[int]:
         return [self._eos]
-
-    def create_conversation_prefix_with_tools(
-        self, tools: Sequence[ToolSpec], system_prompt: str = ""
-    ) -> list[Message]:
-        raise RendererError(
-            "the deepseekv3 renderers do not declare tools (DeepSeek's '## Tools' system prompt is not implemented); "
-            "they render and parse tool calls and results. Use a qwen3 or llama3 renderer for tool use"
-        )
-
-    def tool_call_prefix(self, name: str | None = None) -> str:
-        raise RendererError(
-            "the deepseekv3 renderers cannot force a tool call: DeepSeek opens one with special tokens, which a "
-            "prefill (plain text) cannot hold; sample without tool_choice='required'"
-        )
 
     # -- parsing ---------------------------------------------------------------------------------------------
 

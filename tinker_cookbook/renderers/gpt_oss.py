@@ -45,7 +45,6 @@ from tinker_cookbook.renderers.base import (
     TextPart,
     ThinkingPart,
     ToolCall,
-    ToolSpec,
     UnparsedToolCall,
     get_text_content,
     get_thinking_content,
@@ -74,6 +73,8 @@ _CHANNEL = re.compile(r"<\|channel\|>([^\s<]+)")
 
 class GptOssRenderer(Renderer):
     """Harmony messages and channels (see the module docstring); ``reasoning_effort`` None: no system message."""
+
+    special_token_tool_calls = ("gpt_oss", "harmony's 'namespace functions' in the developer message")
 
     def __init__(self, tokenizer: Tokenizer, reasoning_effort: str | None = None, current_date: str | None = None):
         super().__init__(tokenizer)
@@ -150,21 +151,6 @@ class GptOssRenderer(Renderer):
 
     def get_stop_sequences(self) -> list[int]:
         return [self._ids[RETURN], self._ids[CALL]]
-
-    def create_conversation_prefix_with_tools(
-        self, tools: Sequence[ToolSpec], system_prompt: str = ""
-    ) -> list[Message]:
-        raise RendererError(
-            "the gpt_oss renderers do not declare tools (harmony's 'namespace functions' in the developer message is "
-            "not implemented); they render and parse tool calls and results. Use a qwen3 or llama3 renderer for "
-            "tool use"
-        )
-
-    def tool_call_prefix(self, name: str | None = None) -> str:
-        raise RendererError(
-            "the gpt_oss renderers cannot force a tool call: harmony opens one with special tokens, which a "
-            "prefill (plain text) cannot hold; sample without tool_choice='required'"
-        )
 
     # -- parsing ---------------------------------------------------------------------------------------------
 

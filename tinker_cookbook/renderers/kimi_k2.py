@@ -38,7 +38,6 @@ from tinker_cookbook.renderers.base import (
     TextPart,
     ThinkingPart,
     ToolCall,
-    ToolSpec,
     UnparsedToolCall,
     get_text_content,
     get_thinking_content,
@@ -62,6 +61,8 @@ _CALL = re.compile(re.escape(CALL_BEGIN) + r"(.*?)" + re.escape(ARGUMENT_BEGIN) 
 
 class KimiK2Renderer(Renderer):
     """Kimi-K2's ``<|im_*|>`` messages with reasoning and tool calls (see the module docstring)."""
+
+    special_token_tool_calls = ("kimi_k2", "Kimi's tool_declare message")
 
     def __init__(self, tokenizer: Tokenizer):
         super().__init__(tokenizer)
@@ -128,20 +129,6 @@ class KimiK2Renderer(Renderer):
 
     def get_stop_sequences(self) -> list[int]:
         return [self._im_end]
-
-    def create_conversation_prefix_with_tools(
-        self, tools: Sequence[ToolSpec], system_prompt: str = ""
-    ) -> list[Message]:
-        raise RendererError(
-            "the kimi_k2 renderer does not declare tools (Kimi's tool_declare message is not implemented); it "
-            "renders and parses tool calls and results. Use a qwen3 or llama3 renderer for tool use"
-        )
-
-    def tool_call_prefix(self, name: str | None = None) -> str:
-        raise RendererError(
-            "the kimi_k2 renderer cannot force a tool call: Kimi opens one with special tokens, which a prefill "
-            "(plain text) cannot hold; sample without tool_choice='required'"
-        )
 
     # -- parsing ---------------------------------------------------------------------------------------------
 
