@@ -127,9 +127,8 @@ def main() -> None:
         sys.exit(problem)
     import torch
 
-    from tinker_cookbook.base import assets
-
     from bench.bench_sampling import measured_bandwidths
+    from tinker_cookbook.base import assets
 
     q4 = assets.require(assets.smollm2_gguf(), "The packaged SmolLM2 GGUF")
     f32 = f32_gguf(q4, assets.cache_dir() / "models" / "SmolLM2-135M-Instruct.f32.gguf")

@@ -26,6 +26,7 @@ Not a test: compare within one run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -43,6 +44,7 @@ from bench.peer_common import (  # noqa: E402 - the tree's root must be on the p
     arithmetic_reward,
     missing_peer,
     not_worse,
+    peer_model,
     print_result,
     run_side,
 )
@@ -68,12 +70,10 @@ def run_ours(model: str, steps: int) -> dict[str, Any]:
 
 def run_trl(model: str, steps: int) -> dict[str, Any]:
     import peft
-    import torch
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from tinker_cookbook.engine.models import load_model
     from tinker_cookbook.tokenizer_utils import get_tokenizer
 
     tokenizer = get_tokenizer(model)
@@ -110,11 +110,11 @@ def run_trl(model: str, steps: int) -> dict[str, Any]:
             weight_decay=0.0, max_grad_norm=0.0, beta=0.0, scale_rewards="none", shuffle_dataset=False,
             bf16=False, use_cpu=True, report_to="none", save_strategy="no", logging_steps=1, seed=0,
         )
-        trainer = GRPOTrainer(model=load_model(model, torch.float32), reward_funcs=reward, args=args,
+        trainer = GRPOTrainer(model=peer_model(model), reward_funcs=reward, args=args,
                               train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=lora,
                               callbacks=[StepTimes()])
         trainer.train()
-    return {"iteration_s": [b - a for a, b in zip(ends, ends[1:], strict=False)],
+    return {"iteration_s": [b - a for a, b in itertools.pairwise(ends)],
             "reward": [statistics.mean(r) for r in rewards], "correct": [statistics.mean(c) for c in correct]}
 
 

@@ -43,6 +43,16 @@ def missing_peer(module: str) -> str | None:
             f"bench with {PEERS_VENV / 'bin' / 'python'}")
 
 
+def peer_model(name: str) -> Any:
+    """The HF causal LM ``name`` in fp32, loaded as the engine loads it (offline: SmolLM2 from the packaged GGUF's
+    converted copy, never a hub), for a peer to train the very weights the engine trains."""
+    import torch
+
+    from tinker_cookbook.engine.models import load_model
+
+    return load_model(name, torch.float32)
+
+
 def print_result(result: dict[str, Any]) -> None:
     """A child's answer to its parent: one line that ``run_side`` finds among the child's output."""
     print(RESULT_PREFIX + json.dumps(result), flush=True)
