@@ -1,6 +1,6 @@
 """RL iterations: ``recipes.rl_basic`` against TRL's ``GRPOTrainer`` on the same task, model, group size and batch.
 
-    bench/.venv-peers/bin/python bench/bench_peer_rl.py                   # 6 iterations each
+    bench/.venv-peers/bin/python bench/bench_peer_rl.py                   # 4 iterations each
     bench/.venv-peers/bin/python bench/bench_peer_rl.py --steps 12        # rl_basic's whole run (12 batches)
     bench/.venv-peers/bin/python bench/bench_peer_rl.py --model tinker-cookbook/tiny-smollm2 --steps 2   # smoke
 
@@ -130,7 +130,7 @@ def curve(values: list[float | None]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--steps", type=int, default=6, help="iterations per side (rl_basic has 12 batches)")
+    parser.add_argument("--steps", type=int, default=4, help="iterations per side (rl_basic has 12 batches)")
     parser.add_argument("--child", choices=["ours", "trl"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not 1 <= args.steps <= 12:

@@ -1,7 +1,7 @@
 """Supervised LoRA training: the engine against TRL's ``SFTTrainer`` with a PEFT LoRA, same data, same settings.
 
-    bench/.venv-peers/bin/python bench/bench_peer_sft.py            # 8 steps of sl_basic's data, both TRL modes
-    bench/.venv-peers/bin/python bench/bench_peer_sft.py --steps 17 --trl-modes padding_free   # the whole epoch
+    bench/.venv-peers/bin/python bench/bench_peer_sft.py            # 3 steps of sl_basic's data, TRL padded
+    bench/.venv-peers/bin/python bench/bench_peer_sft.py --steps 17 --trl-modes padding,padding_free   # an epoch
     bench/.venv-peers/bin/python bench/bench_peer_sft.py --model tinker-cookbook/tiny-smollm2 --steps 3   # smoke
 
 Needs the bench-only environment (``bash bench/peers/setup.sh``). The data is ``recipes.sl_basic``'s: its example
@@ -14,7 +14,7 @@ eps 1e-12, no weight decay, no gradient clipping. The engine gets ``forward_back
 recipe's weights) + ``optim_step`` per batch through the public API; TRL gets the same rows pre-tokenized
 (``input_ids``, and ``labels`` = the weighted targets), read in order, otherwise its defaults (gradient
 checkpointing on, its per-step token metrics). TRL runs in each of ``--trl-modes``: ``padding`` (its default
-collator) and ``padding_free`` (a batch's rows concatenated into one sequence without padding). TRL supports
+collator; the default here) and ``padding_free`` (a batch's rows concatenated into one sequence without padding). TRL supports
 padding-free only with FlashAttention: with a CPU's attention (sdpa, eager) the concatenated rows attend to the rows
 before them (``tests/bench/test_peer_common.py`` shows it), so that mode's speed is of inexact training here. Its
 packing mode is the same mechanism (best-fit blocks, padding-free) and also regroups rows, so the two sides would
@@ -163,8 +163,9 @@ def run_trl(model: str, steps: int, mode: str) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--steps", type=int, default=8, help="training batches of 16 (sl_basic's epoch is 17)")
-    parser.add_argument("--trl-modes", default="padding,padding_free", help="comma-separated: padding, padding_free")
+    parser.add_argument("--steps", type=int, default=3, help="training batches of 16 (sl_basic's epoch is 17)")
+    parser.add_argument("--trl-modes", default="padding",
+                        help="comma-separated: padding, padding_free (inexact on a CPU, see above)")
     parser.add_argument("--threads", type=int, default=0, help="OMP/torch threads per side (0: torch's default)")
     parser.add_argument("--child", choices=["engine", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="padding", help=argparse.SUPPRESS)
