@@ -36,8 +36,9 @@ BASE_MODULES = {"tinker_cookbook", "tinker_cookbook.exceptions", "tinker_cookboo
 WIRING_MODULES = {"tinker_cookbook.backends"}
 ENGINE_MAY_USE_FROM_CONTRACT = {"tinker_cookbook.tinker.types", "tinker_cookbook.tinker.errors"}
 ENGINE_BENCHES = {"bench.bench_training", "bench.bench_sampling", "bench.bench_sampler_lora", "bench.bench_multi_lora",
-                  "bench.gpu_check"}
-"""The benches that time the engine's parts directly (a model load, a training pass, a decode step)."""
+                  "bench.gpu_check", "bench.peer_common"}
+"""The benches that time the engine's parts directly (a model load, a training pass, a decode step), and the peer
+benches' shared module, which hands a peer (TRL) the model the engine loads, so that both train the same weights."""
 
 
 def layer_of(module: str) -> str | None:
