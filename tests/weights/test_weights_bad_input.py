@@ -48,6 +48,15 @@ def test_missing_base_model_and_wrong_base_model(qwen3_checkpoint, smollm2_check
     assert not (tmp_path / "m").exists()
 
 
+def test_fused_expert_adapters_are_refused_by_name(tmp_path: Path):
+    # A mixture-of-experts adapter holds PEFT target_parameters pairs; merge must say so, not blame the base model.
+    tc = tinker.ServiceClient().create_lora_training_client("tinker-cookbook/tiny-qwen3-moe", rank=2)
+    path = tc.save_weights_for_sampler("moe").result().path
+    with pytest.raises(WeightsError, match="fused expert weights.*experts.*weights adapter"):
+        weights.build_hf_model(adapter_path=path, output_path=str(tmp_path / "m"))
+    assert not (tmp_path / "m").exists()
+
+
 def test_unsupported_dtype_is_refused_before_any_work(tmp_path: Path):
     with pytest.raises(ConfigurationError, match="dtype='int8' is not offered.*bfloat16"):
         weights.build_hf_model(adapter_path="tinker://never/sampler_weights/read", output_path=str(tmp_path / "m"),

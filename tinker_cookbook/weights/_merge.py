@@ -52,6 +52,13 @@ def plan_targets(adapter: Adapter, base: BaseFiles) -> dict[str, str]:
 
     The unembedding of a model with tied embeddings has no tensor of its own: its LoRA applies to a new
     ``lm_head.weight`` made from the embedding, keyed here by the embedding."""
+    if adapter.config.get("target_parameters"):
+        # PEFT's fused-expert layout (one LoRA pair per expert on a stacked parameter) has no merge here yet; the
+        # module check below would otherwise blame the base model.
+        raise WeightsError(
+            f"the adapter {adapter.source} adapts the fused expert weights of a mixture-of-experts model "
+            f"({', '.join(adapter.config['target_parameters'])}), which merge and export do not support yet; use "
+            "`weights adapter` or `weights download` for the PEFT folder, which peft loads onto the transformers model")
     shapes = base.keys_and_shapes()
     targets: dict[str, str] = {}
     for module, pair in adapter.pairs.items():
