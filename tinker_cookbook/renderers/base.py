@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import abc
 import functools
-import re
-import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -57,6 +55,13 @@ from tinker_cookbook.renderers.messages import (  # noqa: F401  (re-exported: th
     remove_thinking,
     tool_call_from_json,
     validate_conversation,
+)
+from tinker_cookbook.renderers.tokens import (
+    ENCODE_CACHE_MAX_CHARS,
+    ENCODE_CACHE_MAX_ENTRIES,
+    encode_plain,
+    end_of_sequence_token_ids,
+    special_tokens,
 )
 from tinker_cookbook.tinker import types
 
@@ -304,7 +309,7 @@ class Renderer(abc.ABC):
             ids = list(backend.encode(text, add_special_tokens=False).ids)
         else:
             ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        if len(text) <= _ENCODE_CACHE_MAX_CHARS and len(self._encode_cache) < _ENCODE_CACHE_MAX_ENTRIES:
+        if len(text) <= ENCODE_CACHE_MAX_CHARS and len(self._encode_cache) < ENCODE_CACHE_MAX_ENTRIES:
             self._encode_cache[text] = tuple(ids)  # headers and separators repeat in every conversation
         return ids
 
@@ -325,7 +330,7 @@ class Renderer(abc.ABC):
         independently: this does the same split, but only at the special tokens of framing pieces.
         """
         text = "".join(piece for piece, _ in pieces)
-        specials = _special_tokens(self.tokenizer)
+        specials = special_tokens(self.tokenizer)
         if (
             self.special_tokens_in_content
             or specials.pattern is None
@@ -341,11 +346,11 @@ class Renderer(abc.ABC):
                 continue
             start = 0
             for match in specials.pattern.finditer(piece):
-                ids += _encode_plain(self.tokenizer, pending + piece[start : match.start()])
+                ids += encode_plain(self.tokenizer, pending + piece[start : match.start()])
                 ids.append(specials.ids[match.group()])
                 pending, start = "", match.end()
             pending += piece[start:]
-        ids += _encode_plain(self.tokenizer, pending)
+        ids += encode_plain(self.tokenizer, pending)
         return types.EncodedTextChunk(tokens=ids)
 
     def text_chunks(self, *pieces: str) -> list[Chunk]:
@@ -559,71 +564,3 @@ class Renderer(abc.ABC):
 
     def decode(self, tokens: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(tokens), skip_special_tokens=False))
-
-
-@dataclass(frozen=True)
-class _SpecialTokens:
-    pattern: re.Pattern[str] | None
-    """Matches any special-token string (longest first); None when the tokenizer has none."""
-    ids: dict[str, int]
-
-
-# Per tokenizer object (tokenizers are cached and shared): its special tokens, and a copy of its Rust tokenizer
-# that encodes special-token strings as text. A copy, because the flag lives on the tokenizer and transformers
-# itself sets it on the shared one.
-_SPECIALS: dict[int, tuple[Any, _SpecialTokens]] = {}
-_PLAIN_BACKENDS: dict[int, tuple[Any, Any]] = {}
-_CACHE_LOCK = threading.Lock()
-
-
-def _special_tokens(tokenizer: Tokenizer) -> _SpecialTokens:
-    with _CACHE_LOCK:
-        cached = _SPECIALS.get(id(tokenizer))
-        if cached is not None and cached[0] is tokenizer:
-            return cached[1]
-        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-        ids = {tok.content: int(i) for i, tok in added.items() if getattr(tok, "special", False) and tok.content}
-        pattern = (
-            re.compile("|".join(re.escape(s) for s in sorted(ids, key=len, reverse=True))) if ids else None
-        )
-        specials = _SpecialTokens(pattern, ids)
-        _SPECIALS[id(tokenizer)] = (tokenizer, specials)
-        return specials
-
-
-def _encode_plain(tokenizer: Tokenizer, text: str) -> list[int]:
-    """Token ids of ``text`` with special-token strings encoded as ordinary text."""
-    if not text:
-        return []
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:  # a slow (Python) tokenizer: it has a per-call switch
-        return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
-    with _CACHE_LOCK:
-        cached = _PLAIN_BACKENDS.get(id(tokenizer))
-        if cached is None or cached[0] is not tokenizer:
-            from tokenizers import Tokenizer as RustTokenizer
-
-            plain = RustTokenizer.from_str(backend.to_str())
-            plain.encode_special_tokens = True
-            cached = (tokenizer, plain)
-            _PLAIN_BACKENDS[id(tokenizer)] = cached
-    return list(cached[1].encode(text, add_special_tokens=False).ids)
-
-
-_ENCODE_CACHE_MAX_CHARS = 48
-_ENCODE_CACHE_MAX_ENTRIES = 4096
-
-_END_OF_SEQUENCE_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<|eot_id|>", "<|im_end|>")
-
-
-def end_of_sequence_token_ids(tokenizer: Tokenizer) -> set[int]:
-    """The tokenizer's EOS plus the end-of-text tokens of the families we know (base models emit those)."""
-    ids: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    for token in _END_OF_SEQUENCE_TOKENS:
-        # A single-id encoding means the string is one (special) token of this vocabulary.
-        encoded = tokenizer.encode(token, add_special_tokens=False)
-        if len(encoded) == 1 and tokenizer.convert_ids_to_tokens(encoded[0]) == token:
-            ids.add(int(encoded[0]))
-    return ids

@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from tinker_cookbook.exceptions import RendererError
 from tinker_cookbook.renderers.base import (
     Chunk,
-    ContentPart,
     FunctionBody,
     Message,
     ParseTermination,
@@ -37,14 +36,13 @@ from tinker_cookbook.renderers.base import (
     RenderedMessage,
     Renderer,
     Role,
-    TextPart,
-    ThinkingPart,
     ToolCall,
     UnparsedToolCall,
     get_text_content,
     get_thinking_content,
     get_tool_calls,
 )
+from tinker_cookbook.renderers.messages import assistant_message, reasoned_content
 from tinker_cookbook.tokenizer_utils import Tokenizer
 
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
@@ -170,12 +168,4 @@ class DeepSeekV3Renderer(Renderer):
             if CALLS_END not in calls_text:
                 unparsed.append(UnparsedToolCall(raw_text=CALLS_BEGIN + calls_text,
                                                  error=f"the tool calls are not closed with {CALLS_END}"))
-        content: str | list[ContentPart] = text
-        if thinking is not None:
-            content = [ThinkingPart(type="thinking", thinking=thinking), TextPart(type="text", text=text)]
-        message: Message = {"role": "assistant", "content": content}
-        if calls:
-            message["tool_calls"] = calls
-        if unparsed:
-            message["unparsed_tool_calls"] = unparsed
-        return message
+        return assistant_message(reasoned_content(thinking, text), calls, unparsed)

@@ -50,6 +50,7 @@ from tinker_cookbook.renderers.base import (
     get_thinking_content,
     get_tool_calls,
 )
+from tinker_cookbook.renderers.messages import assistant_message
 from tinker_cookbook.tokenizer_utils import Tokenizer
 
 START, MESSAGE, CHANNEL, CONSTRAIN = "<|start|>", "<|message|>", "<|channel|>", "<|constrain|>"
@@ -195,12 +196,7 @@ class GptOssRenderer(Renderer):
         content: str | list[ContentPart] = parts
         if all(p["type"] == "text" for p in parts):
             content = "".join(p["text"] for p in parts if p["type"] == "text")
-        message: Message = {"role": "assistant", "content": content}
-        if calls:
-            message["tool_calls"] = calls
-        if unparsed:
-            message["unparsed_tool_calls"] = unparsed
-        return message
+        return assistant_message(content, calls, unparsed)
 
 
 def _tool_call(name: str, arguments: str, raw: str) -> ToolCall | UnparsedToolCall:

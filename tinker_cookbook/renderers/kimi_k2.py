@@ -28,15 +28,12 @@ from collections.abc import Sequence
 
 from tinker_cookbook.exceptions import RendererError
 from tinker_cookbook.renderers.base import (
-    ContentPart,
     FunctionBody,
     Message,
     ParseTermination,
     RenderContext,
     RenderedMessage,
     Renderer,
-    TextPart,
-    ThinkingPart,
     ToolCall,
     UnparsedToolCall,
     get_text_content,
@@ -44,6 +41,7 @@ from tinker_cookbook.renderers.base import (
     get_tool_calls,
     remove_thinking,
 )
+from tinker_cookbook.renderers.messages import assistant_message, reasoned_content
 from tinker_cookbook.tokenizer_utils import Tokenizer
 
 IM_SYSTEM, IM_USER, IM_ASSISTANT = "<|im_system|>", "<|im_user|>", "<|im_assistant|>"
@@ -165,12 +163,4 @@ class KimiK2Renderer(Renderer):
             if SECTION_END not in section:
                 unparsed.append(UnparsedToolCall(raw_text=SECTION_BEGIN + section,
                                                  error=f"the tool calls are not closed with {SECTION_END}"))
-        content: str | list[ContentPart] = text
-        if thinking:
-            content = [ThinkingPart(type="thinking", thinking=thinking), TextPart(type="text", text=text)]
-        message: Message = {"role": "assistant", "content": content}
-        if calls:
-            message["tool_calls"] = calls
-        if unparsed:
-            message["unparsed_tool_calls"] = unparsed
-        return message
+        return assistant_message(reasoned_content(thinking or None, text), calls, unparsed)

@@ -188,6 +188,24 @@ def format_content_as_string(content: Content, sep: str = "\n") -> str:
     return sep.join(pieces)
 
 
+def reasoned_content(thinking: str | None, text: str) -> Content:
+    """A parsed reply's content: the text alone, or a thinking part then the text when the reply reasoned."""
+    if thinking is None:
+        return text
+    return [ThinkingPart(type="thinking", thinking=thinking), TextPart(type="text", text=text)]
+
+
+def assistant_message(content: Content, calls: Sequence[ToolCall] = (),
+                      unparsed: Sequence[UnparsedToolCall] = ()) -> Message:
+    """A parsed assistant reply, with its tool calls and the calls that could not be parsed (keys only when any)."""
+    message: Message = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = list(calls)
+    if unparsed:
+        message["unparsed_tool_calls"] = list(unparsed)
+    return message
+
+
 def get_tool_calls(message: Message) -> list[ToolCall]:
     """The message's tool calls as ``ToolCall`` objects (plain dicts from JSON data are accepted)."""
     calls = message.get("tool_calls") or []

@@ -36,14 +36,11 @@ from typing import TYPE_CHECKING, Any
 from tinker_cookbook.exceptions import RendererError
 from tinker_cookbook.renderers.base import (
     Chunk,
-    ContentPart,
     Message,
     ParseTermination,
     RenderContext,
     RenderedMessage,
     Role,
-    TextPart,
-    ThinkingPart,
     ToolCall,
     ToolSpec,
     UnparsedToolCall,
@@ -54,6 +51,7 @@ from tinker_cookbook.renderers.base import (
     tool_call_from_json,
 )
 from tinker_cookbook.renderers.chatml import IM_END, ChatMLRenderer
+from tinker_cookbook.renderers.messages import assistant_message, reasoned_content
 from tinker_cookbook.tokenizer_utils import Tokenizer
 
 if TYPE_CHECKING:  # image utilities pull in PIL, which text renderers do not need at import time
@@ -216,15 +214,7 @@ class Qwen3Renderer(ChatMLRenderer):
         elif text.startswith(THINK_OPEN):  # reasoning cut off before </think>
             thinking, text = text[len(THINK_OPEN) :].strip("\n"), ""
         text, calls, unparsed = _split_tool_calls(text)
-        content: str | list[ContentPart] = text
-        if thinking is not None:
-            content = [ThinkingPart(type="thinking", thinking=thinking), TextPart(type="text", text=text)]
-        message: Message = {"role": "assistant", "content": content}
-        if calls:
-            message["tool_calls"] = calls
-        if unparsed:
-            message["unparsed_tool_calls"] = unparsed
-        return message
+        return assistant_message(reasoned_content(thinking, text), calls, unparsed)
 
 
 def _split_tool_calls(text: str) -> tuple[str, list[ToolCall], list[UnparsedToolCall]]:
