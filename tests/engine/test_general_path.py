@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.engine.tiny_sessions import fp32_sampling_weights
 from tinker_cookbook.engine import model_paths, models
 from tinker_cookbook.engine.sampling.general import GeneralModel
 from tinker_cookbook.engine.sampling.sampler import SamplerEngine
@@ -51,12 +52,6 @@ def _train(session: TrainingSession, steps: int = 2, lr: float = 1e-2, prompt: l
         losses.append(out.metrics["loss:sum"])
         session.optim_step(types.AdamParams(learning_rate=lr))
     return losses
-
-
-def _weights(session: TrainingSession) -> SamplingWeights:
-    base = session.base
-    return SamplingWeights.build(base.config, base.base_state, base.adapter_state(session.run_id),
-                                 base.adapter_config_dict(session.run_id), torch.float32)
 
 
 @pytest.fixture(scope="module", params=MOE_MODELS)
@@ -103,7 +98,7 @@ def test_a_lora_step_changes_only_adapter_weights() -> None:
 
 
 def test_sampled_and_prompt_logprobs_equal_training_logprobs(trained: TrainingSession) -> None:
-    weights = _weights(trained)
+    weights = fp32_sampling_weights(trained)
     assert isinstance(weights.decoder, GeneralModel)
     with SamplerEngine() as engine:
         response = engine.submit(weights, _Tokenizer(), types.ModelInput.from_ints(PROMPT), 2,
@@ -117,7 +112,7 @@ def test_sampled_and_prompt_logprobs_equal_training_logprobs(trained: TrainingSe
 
 
 def test_greedy_and_seeded_samples_do_not_depend_on_batch_neighbours(trained: TrainingSession) -> None:
-    weights = _weights(trained)
+    weights = fp32_sampling_weights(trained)
     prompt = types.ModelInput.from_ints(PROMPT)
     seeded = types.SamplingParams(max_tokens=6, seed=11, temperature=1.0)
     with SamplerEngine() as engine:
@@ -133,7 +128,7 @@ def test_greedy_and_seeded_samples_do_not_depend_on_batch_neighbours(trained: Tr
 
 
 def test_stops_end_sequences_and_keep_the_stop_token(trained: TrainingSession) -> None:
-    weights = _weights(trained)
+    weights = fp32_sampling_weights(trained)
     with SamplerEngine() as engine:
         first = engine.submit(weights, _Tokenizer(), types.ModelInput.from_ints(PROMPT), 1,
                               types.SamplingParams(max_tokens=5, temperature=0)).result().sequences[0]
@@ -179,9 +174,9 @@ def test_forced_general_path_on_a_dense_model_agrees_with_the_fast_path(
     general.base.load_adapter_state("general", fast.base.adapter_state("fast"))
     tokens = prompt + [3, 4, 5]
     assert (_logprobs(general, tokens) - _logprobs(fast, tokens)).abs().max() < TOLERANCE
-    general_weights = _weights(general)
+    general_weights = fp32_sampling_weights(general)
     monkeypatch.delenv("TINKER_COOKBOOK_MODEL_PATH")
-    fast_weights = _weights(fast)
+    fast_weights = fp32_sampling_weights(fast)
     assert isinstance(general_weights.decoder, GeneralModel) and not isinstance(fast_weights.decoder, GeneralModel)
     params = types.SamplingParams(max_tokens=8, seed=2)
     with SamplerEngine() as engine:

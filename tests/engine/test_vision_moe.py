@@ -17,6 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.engine.tiny_sessions import fp32_sampling_weights
 from tinker_cookbook.base.tokenizers import get_tokenizer
 from tinker_cookbook.engine import models, vision
 from tinker_cookbook.engine.sampling.general import GeneralModel
@@ -90,12 +91,6 @@ def _train(session: TrainingSession, steps: int, lr: float) -> list[float]:
     return losses
 
 
-def _weights(session: TrainingSession) -> SamplingWeights:
-    base = session.base
-    return SamplingWeights.build(base.config, base.base_state, base.adapter_state(session.run_id),
-                                 base.adapter_config_dict(session.run_id), torch.float32)
-
-
 @pytest.fixture(scope="module")
 def trained() -> TrainingSession:
     """A session after two steps on images and text (its LoRA B no longer zero)."""
@@ -147,7 +142,7 @@ def test_a_lora_step_changes_only_adapter_weights(trained: TrainingSession) -> N
 
 
 def test_sampled_and_prompt_logprobs_equal_training_logprobs(trained: TrainingSession) -> None:
-    weights = _weights(trained)
+    weights = fp32_sampling_weights(trained)
     assert isinstance(weights.decoder, GeneralModel) and weights.limits.accepts_images
     params = types.SamplingParams(max_tokens=6, seed=5)
     with SamplerEngine() as engine:

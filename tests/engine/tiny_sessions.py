@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from tinker_cookbook.engine.models import get_model_spec, load_model
+from tinker_cookbook.engine.sampling.weights import SamplingWeights
 from tinker_cookbook.engine.training.session import BaseModel, TrainingSession
 from tinker_cookbook.tinker import types
 
@@ -29,3 +30,10 @@ def random_datums(lengths: Sequence[int], seed: int, mean: bool = False) -> list
                         loss_fn_inputs={"target_tokens": r[1:],
                                         "weights": [1.0 / len(r) if mean else 1.0] * (len(r) - 1)})
             for r in rows]
+
+
+def fp32_sampling_weights(session: TrainingSession) -> SamplingWeights:
+    """The sampler's fp32 weights of ``session``'s current adapter on its base."""
+    base = session.base
+    return SamplingWeights.build(base.config, base.base_state, base.adapter_state(session.run_id),
+                                 base.adapter_config_dict(session.run_id), torch.float32)
