@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import pytest
 
+from tests.renderers.round_trip import stream, trained_tokens
 from tinker_cookbook.exceptions import RendererError
 from tinker_cookbook.renderers import (
     GptOssRenderer,
     Message,
     ParseTermination,
     StreamingMessageComplete,
-    StreamingTextDelta,
-    StreamingThinkingDelta,
     ToolCall,
     get_renderer,
 )
@@ -123,13 +122,11 @@ def test_a_call_with_bad_json_is_kept_as_unparsed(harmony_tokenizer: Tokenizer) 
 
 def test_a_rendered_reply_parses_back_and_streams_to_the_same_message(harmony_tokenizer: Tokenizer) -> None:
     renderer = _renderer(harmony_tokenizer)
-    model_input, weights = renderer.build_supervised_example(CONVERSATION)
-    reply = [t for t, w in zip(model_input.to_ints(), weights.tolist(), strict=True) if w]
+    reply = trained_tokens(renderer, CONVERSATION)
     message, ended = renderer.parse_response(reply)
     assert message == {"role": "assistant", "content": CONVERSATION[-1]["content"]} and ended.is_stop_sequence
-    events = list(renderer.parse_response_streaming(reply))
-    assert "".join(e.thinking for e in events if isinstance(e, StreamingThinkingDelta)) == "Add them."
-    assert "".join(e.text for e in events if isinstance(e, StreamingTextDelta)) == "4"
+    events, streamed_text, streamed_thinking = stream(renderer, reply)
+    assert streamed_thinking == "Add them." and streamed_text == "4"
     assert isinstance(events[-1], StreamingMessageComplete) and events[-1].message == message
 
 

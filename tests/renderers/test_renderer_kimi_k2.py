@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from tests.renderers.round_trip import stream, trained_tokens
 from tinker_cookbook.exceptions import RendererError
 from tinker_cookbook.renderers import (
     KimiK2Renderer,
     Message,
     ParseTermination,
     StreamingMessageComplete,
-    StreamingTextDelta,
-    StreamingThinkingDelta,
     ToolCall,
     get_renderer,
 )
@@ -98,13 +97,11 @@ def test_a_rendered_reply_parses_back_and_streams_to_the_same_message(kimi_token
     renderer = get_renderer("kimi_k2", kimi_tokenizer)
     reply: Message = {"role": "assistant", "content": [{"type": "thinking", "thinking": "Use it."},
                                                        {"type": "text", "text": "Calling."}], "tool_calls": [CALL]}
-    model_input, weights = renderer.build_supervised_example([{"role": "user", "content": "Add"}, reply])
-    tokens = [t for t, w in zip(model_input.to_ints(), weights.tolist(), strict=True) if w]
+    tokens = trained_tokens(renderer, [{"role": "user", "content": "Add"}, reply])
     message, ended = renderer.parse_response(tokens)
     assert message == reply and ended.is_stop_sequence
-    events = list(renderer.parse_response_streaming(tokens))
-    assert "".join(e.thinking for e in events if isinstance(e, StreamingThinkingDelta)) == "Use it."
-    assert "".join(e.text for e in events if isinstance(e, StreamingTextDelta)) == "Calling."
+    events, streamed_text, streamed_thinking = stream(renderer, tokens)
+    assert streamed_thinking == "Use it." and streamed_text == "Calling."
     assert isinstance(events[-1], StreamingMessageComplete) and events[-1].message == message
 
 

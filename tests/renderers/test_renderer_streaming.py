@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.renderers.round_trip import stream, trained_tokens
 from tinker_cookbook.renderers import (
     Message,
     ParseTermination,
@@ -39,20 +40,12 @@ TEXTS = [
 
 
 def _response_tokens(renderer: Renderer, reply: Message) -> list[int]:
-    """The tokens a model samples for ``reply``: the trained part of a supervised example."""
-    model_input, weights = renderer.build_supervised_example([{"role": "user", "content": "hi"}, reply])
-    return [t for t, w in zip(model_input.to_ints(), weights.tolist(), strict=True) if w > 0]
-
-
-def _stream(renderer: Renderer, tokens: list[int]) -> tuple[list[object], str, str]:
-    events = list(renderer.parse_response_streaming(iter(tokens)))
-    text = "".join(e.text for e in events if isinstance(e, StreamingTextDelta))
-    thinking = "".join(e.thinking for e in events if isinstance(e, StreamingThinkingDelta))
-    return events, text, thinking
+    """The tokens a model samples for ``reply``."""
+    return trained_tokens(renderer, [{"role": "user", "content": "hi"}, reply])
 
 
 def _check(renderer: Renderer, tokens: list[int]) -> list[object]:
-    events, text, thinking = _stream(renderer, tokens)
+    events, text, thinking = stream(renderer, tokens)
     assert events[0] == StreamingMessageHeader(role="assistant")
     final = events[-1]
     assert isinstance(final, StreamingMessageComplete)
@@ -107,7 +100,7 @@ def test_streaming_stops_reading_at_the_stop_token(smollm2_tokenizer) -> None:
 def test_role_colon_never_streams_the_stop_string(llama3_tokenizer) -> None:
     renderer = get_renderer("role_colon", llama3_tokenizer)
     tokens = _response_tokens(renderer, {"role": "assistant", "content": "Fine, thanks."})
-    _, text, _ = _stream(renderer, tokens)
+    _, text, _ = stream(renderer, tokens)
     assert text == "Fine, thanks."
 
 
