@@ -27,6 +27,7 @@ from tinker_cookbook.rl.rubric import (
     weighted_mean,
     yes_probability,
 )
+from tinker_cookbook.rl.rubric_checks import run_check, validate_check
 
 POINT = RubricBasedDatapoint(
     convo=[{"role": "user", "content": "List three facts about tea."}],
@@ -219,3 +220,73 @@ def test_the_shipped_set_is_what_the_generator_writes():
     assert not train_topics & {p.convo[0]["content"] for p in test}  # test instructions are never trained on
     assert all(abs(p.total_weight - 1.0) < 1e-9 for p in train + test)
     assert weighted_mean(train[0].rubric_items, [1.0] * len(train[0].rubric_items)) == pytest.approx(1.0)
+
+
+# -- criteria checked by rule -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("check", "text", "passes"), [
+    ({"max_words": 3}, "Tea is hot.", True),
+    ({"max_words": 2}, "Tea is hot.", False),
+    ({"min_words": 4}, "Tea is hot.", False),
+    ({"sentences": 1}, "Tea is hot. It is green.", False),
+    ({"sentences": 2}, "Tea is hot. It is green!", True),
+    ({"sentences": 2}, "Tea is hot\nit is green", True),  # a line counts as a sentence
+    ({"sentences": 1}, "Tea... ", True),  # runs of dots end one sentence, no empty ones counted
+    ({"lines": 3}, "Green tea.\n\nBlack tea.\nTea has caffeine.\n", True),  # blank lines do not count
+    ({"lines": 3}, "Green tea. Black tea. Tea has caffeine.", False),
+    ({"starts_with": ["yes", "no"]}, "No, it is a liquid.", True),
+    ({"starts_with": ["yes", "no"]}, "Nope.", False),
+    ({"mentions": ["librar"]}, "Libraries lend books.", True),
+    ({"mentions": ["tea"]}, "Instead, coffee.", False),  # inside a word ("instead") is not a mention
+    ({"min_words": 4, "starts_with": ["yes"]}, "Yes.", False),  # every rule must hold
+])
+def test_a_check_passes_only_when_every_rule_holds(check, text, passes):
+    score, detail = run_check(validate_check(check), text)
+    assert score == (1.0 if passes else 0.0)
+    assert detail.startswith("check passed" if passes else "check failed")
+
+
+def test_a_failed_check_says_what_was_found():
+    _, detail = run_check(validate_check({"sentences": 1, "min_words": 5}), "Yes. Maybe.")
+    assert detail == "check failed: 2 sentences, wanted 1; 2 words, wanted at least 5"
+
+
+def test_checked_criteria_skip_the_grader_and_a_one_word_reply_fails_them(chatml):
+    point = RubricBasedDatapoint(POINT.convo, [
+        Rubric("Every item is about tea.", weight=0.4),
+        Rubric("Three items, one per line.", weight=0.4, check={"lines": 3}),
+        Rubric("Names tea.", weight=0.2, check={"mentions": ["tea"]})])
+    grader = ScriptedScores({"Every item is about tea.": 0.5})  # a KeyError if a checked criterion reached it
+    result = run(RubricGradedEnv(chatml, point, grader).step(_reply(chatml, "Yes")))
+    assert result.reward == pytest.approx(0.2)  # 0.4·0.5 + 0.4·0 + 0.2·0
+    result = run(RubricGradedEnv(chatml, point, grader).step(_reply(chatml, "Green tea.\nBlack tea.\nOolong tea.")))
+    assert result.reward == pytest.approx(0.8)  # 0.4·0.5 + 0.4·1 + 0.2·1
+    assert "check passed: lines=3" in result.logs["grades"]
+
+
+def test_checks_round_trip_and_bad_checks_name_the_rule():
+    item = Rubric("Short.", weight=0.5, check={"max_words": 10, "mentions": "tea"})
+    assert item.check == {"max_words": 10, "mentions": ["tea"]}
+    assert Rubric.from_json(item.to_json()) == item
+    assert "check" not in Rubric("Plain.").to_dict()  # the official format stays as it was
+    with pytest.raises(DataError, match=r"criterion 'x': unknown check rule\(s\) \['max_chars'\]; the rules are"):
+        Rubric("x", check={"max_chars": 10})
+    with pytest.raises(DataError, match=r"check rule max_words=-1 must be a non-negative integer"):
+        Rubric("x", check={"max_words": -1})
+    with pytest.raises(DataError, match=r"starts_with=\[\] must be a non-empty list of words"):
+        Rubric("x", check={"starts_with": []})
+    with pytest.raises(DataError, match="non-empty mapping of rules"):
+        Rubric("x", check={})
+
+
+def test_the_shipped_set_checks_form_and_leaves_content_to_the_grader():
+    train, _ = generate_data.generate(seed=0, num_test_topics=3)
+    items = [r for p in train for r in p.rubric_items]
+    checked = [r for r in items if r.check is not None]
+    assert 0 < len(checked) < len(items)
+    # A one-word reply loses at least 0.3 of every datapoint's weight (of 1) on checks alone, whatever the grader
+    # says of the rest: a grader's indecision (0.5 on every criterion) can no longer make it the best reply.
+    for p in train:
+        lost = sum(r.weight for r in p.rubric_items if r.check is not None and run_check(r.check, "Yes")[0] == 0.0)
+        assert lost >= 0.3 - 1e-9, p.convo

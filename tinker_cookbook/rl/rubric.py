@@ -19,8 +19,8 @@ the metric ``rubric_score`` is that mean.
 
 Data files are JSON lines ``{"convo": [messages], "rubric_items": [{"rubric_str": ..., "weight": ...}]}`` with the
 official cookbook's keys (``extraction_regex``, ``grader_output_format_instruction`` and ``weight`` may be left
-out). ``example-data/rubric/`` holds an offline set written for this project: short instructions with two to four
-checkable criteria each.
+out; ``check`` is this project's addition, see ``rubric_checks``). ``example-data/rubric/`` holds an offline set
+written for this project: short instructions with two to four criteria each, those about form checked by rule.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import random
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from tinker_cookbook.exceptions import ConfigurationError, DataError
 from tinker_cookbook.renderers import Message, Renderer
 from tinker_cookbook.rl.multiturn.message_env import renderer_for
 from tinker_cookbook.rl.problem_env import is_stop_sequence_termination, message_text
+from tinker_cookbook.rl.rubric_checks import run_check, validate_check
 from tinker_cookbook.rl.types import Action, Env, EnvGroupBuilder, RLDataset, RLDatasetBuilder, StepResult
 from tinker_cookbook.utils import logtree
 from tinker_cookbook.utils.logtree_formatters import ConversationFormatter
@@ -73,16 +74,23 @@ class Grade:
 class Rubric:
     """One criterion: what a good reply does (``rubric_str``), how a free-text grader answers
     (``grader_output_format_instruction``) and how its score is read (``extraction_regex``, group 1), and how much
-    the criterion counts (``weight``)."""
+    the criterion counts (``weight``). A criterion with a ``check`` (rules such as ``{"max_words": 10}``, see
+    ``rubric_checks``) is scored by those rules instead of by the grader model."""
 
     rubric_str: str
     extraction_regex: str = DEFAULT_EXTRACTION_REGEX
     grader_output_format_instruction: str = DEFAULT_FORMAT_INSTRUCTION
     weight: float = 1.0
+    check: dict[str, Any] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if not self.rubric_str.strip():
             raise DataError("a rubric criterion's rubric_str is empty; write what a good reply does")
+        if self.check is not None:
+            try:
+                object.__setattr__(self, "check", validate_check(self.check))
+            except DataError as exc:
+                raise DataError(f"criterion {self.rubric_str!r}: {exc}") from exc
         if not (math.isfinite(self.weight) and self.weight > 0):
             raise DataError(f"criterion {self.rubric_str!r} has weight={self.weight}; weights must be positive")
         try:
@@ -133,8 +141,9 @@ class Rubric:
         return grade.score
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rubric_str": self.rubric_str, "extraction_regex": self.extraction_regex,
-                "grader_output_format_instruction": self.grader_output_format_instruction, "weight": self.weight}
+        d = {"rubric_str": self.rubric_str, "extraction_regex": self.extraction_regex,
+             "grader_output_format_instruction": self.grader_output_format_instruction, "weight": self.weight}
+        return d if self.check is None else {**d, "check": self.check}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
@@ -145,7 +154,7 @@ class Rubric:
             raise DataError(f"a rubric item needs 'rubric_str'; got keys {sorted(d)}")
         return Rubric(str(d["rubric_str"]), str(d.get("extraction_regex", DEFAULT_EXTRACTION_REGEX)),
                       str(d.get("grader_output_format_instruction", DEFAULT_FORMAT_INSTRUCTION)),
-                      float(d.get("weight", 1.0)))
+                      float(d.get("weight", 1.0)), d.get("check"))
 
     @staticmethod
     def from_json(line: str) -> Rubric:
@@ -284,6 +293,14 @@ def as_criterion_grader(grader: CriterionGrader | MessageCompleter) -> Criterion
     return grader if isinstance(grader, CriterionGrader) else TextGrader(grader)
 
 
+async def grade_criterion(grader: CriterionGrader, convo: Conversation, rubric: Rubric) -> Grade:
+    """A checked criterion by its rules (the grader is not asked), any other by ``grader``."""
+    if rubric.check is not None:
+        score, detail = run_check(rubric.check, message_text(convo[-1]))
+        return Grade(score, None, detail)
+    return await grader(convo, rubric)
+
+
 # -- the env ----------------------------------------------------------------------------------------------------
 
 
@@ -307,7 +324,7 @@ class RubricGradedEnv(Env):
         well_formed = is_stop_sequence_termination(termination)
         items = self.datapoint.rubric_items
         convo = [*self.datapoint.convo, message]
-        grades = await asyncio.gather(*(self.grader(convo, r) for r in items))
+        grades = await asyncio.gather(*(grade_criterion(self.grader, convo, r) for r in items))
         score = weighted_mean(items, [g.score for g in grades])
         errors = [f"criterion {i}: {g.error}" for i, g in enumerate(grades, start=1) if g.error is not None]
         reward = score + self.format_coef * (float(well_formed) - 1.0)
