@@ -5,10 +5,12 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoTokenizer
+from sampler_models import sampling_weights, tiny_qwen3
+from transformers import AutoTokenizer, Qwen3ForCausalLM
 
 from tinker_cookbook.base import assets
 from tinker_cookbook.engine.sampling.sampler import SamplerEngine
+from tinker_cookbook.engine.sampling.weights import SamplingWeights
 
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 
@@ -33,6 +35,18 @@ def engine() -> Iterator[SamplerEngine]:
     """One sampler engine shared by a module's tests."""
     with SamplerEngine(max_batch_sequences=64) as shared:
         yield shared
+
+
+@pytest.fixture(scope="module")
+def qwen3() -> Qwen3ForCausalLM:
+    """The tiny random Qwen3 of ``sampler_models.tiny_qwen3`` that the sampler's tests compare with."""
+    return tiny_qwen3()
+
+
+@pytest.fixture(scope="module")
+def qwen3_weights(qwen3: Qwen3ForCausalLM, device: str) -> SamplingWeights:
+    """``qwen3``'s fp32 sampling weights on the module's device."""
+    return sampling_weights(qwen3, device=device)
 
 
 @pytest.fixture

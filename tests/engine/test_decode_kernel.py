@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 import torch
+from sampler_models import stored_prompts, tiny_llama, tiny_qwen2, tiny_qwen3
 
-from tests.engine.test_sampler import _tiny_llama, _tiny_qwen2, _tiny_qwen3, stored_prompts
 from tinker_cookbook.engine import settings
 from tinker_cookbook.engine.kernels import decode_kernel
 from tinker_cookbook.engine.sampling import decode as sampler_decode
@@ -21,7 +21,7 @@ from tinker_cookbook.engine.sampling.weights import SamplingWeights
 from tinker_cookbook.tinker import types
 from tinker_cookbook.tinker.errors import BadRequestError
 
-MAKERS = [_tiny_qwen3, _tiny_llama, _tiny_qwen2]
+MAKERS = [tiny_qwen3, tiny_llama, tiny_qwen2]
 IDS = ["qwen3-qk-norm", "llama3-rope-tied", "qwen2-qkv-bias"]
 
 
@@ -30,7 +30,7 @@ def cpu_with_a_compiler(device: str) -> None:
     if device != "cpu":
         pytest.skip("the compiled decode is CPU-only")
     if decode_kernel._compiler() is None:
-        pytest.skip("no C compiler on this machine (the torch decode runs, tested by test_sampler)")
+        pytest.skip("no C compiler on this machine (the torch decode runs, tested by test_sampler_decoder)")
     assert decode_kernel.library() is not None, "a C compiler exists but the decode kernel did not build"
 
 
@@ -84,7 +84,7 @@ def test_compiled_decode_equals_torch_decode_with_shared_prompts(make: Any, monk
 @pytest.mark.parametrize("make", MAKERS, ids=IDS)
 def test_compiled_decode_equals_torch_decode_with_own_caches(make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two sequences at different positions in their own cache slots (no shared prompts), as in the HF check of
-    test_sampler: the same hidden states (bound as above) and the same greedy tokens over three steps."""
+    test_sampler_decoder: the same hidden states (bound as above) and the same greedy tokens over three steps."""
     model = make()
     weights = SamplingWeights.build(model.config, model.state_dict(), None, None, torch.float32).decoder
     spec = weights.spec
@@ -113,7 +113,7 @@ def test_sampler_engine_samples_the_same_with_and_without_the_kernel(
 ) -> None:
     """Through the sampler engine (one batch of 3 samples of one prompt plus a second prompt): the same greedy
     tokens and the same logprobs (fp32 rounding, bound 1e-4 like the sampler's other fp32 logprob checks)."""
-    weights = SamplingWeights.build(_tiny_qwen3().config, _tiny_qwen3().state_dict(), None, None, torch.float32)
+    weights = SamplingWeights.build(tiny_qwen3().config, tiny_qwen3().state_dict(), None, None, torch.float32)
     params = types.SamplingParams(max_tokens=12, temperature=0.0)
 
     def run() -> list[types.SampleResponse]:
@@ -135,7 +135,7 @@ def test_a_bad_switch_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(BadRequestError, match="TINKER_COOKBOOK_DECODE_KERNEL='yes'.*set it to 1"):
         decode_kernel.enabled()
     monkeypatch.setenv(settings.DECODE_KERNEL_ENV, "0")
-    weights = SamplingWeights.build(_tiny_qwen3().config, _tiny_qwen3().state_dict(), None, None, torch.float32)
+    weights = SamplingWeights.build(tiny_qwen3().config, tiny_qwen3().state_dict(), None, None, torch.float32)
     assert not decode_kernel.usable(weights.decoder)
 
 
@@ -154,7 +154,7 @@ def test_without_a_compiler_the_torch_decode_runs(
 ) -> None:
     monkeypatch.setattr(decode_kernel, "_compiler", lambda: None)
     with caplog.at_level(logging.INFO, logger=decode_kernel.__name__):
-        weights = SamplingWeights.build(_tiny_qwen3().config, _tiny_qwen3().state_dict(), None, None, torch.float32)
+        weights = SamplingWeights.build(tiny_qwen3().config, tiny_qwen3().state_dict(), None, None, torch.float32)
         assert not decode_kernel.usable(weights.decoder)
     assert all(layer.qkv.blocked is None for layer in weights.decoder.layers)  # oneDNN's matmuls, too
     assert "no C compiler found" in caplog.text

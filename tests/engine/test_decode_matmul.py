@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 import torch
+from sampler_models import tiny_qwen3
 
 from tests.engine.test_decode_kernel import cpu_with_a_compiler  # noqa: F401 - the module's autouse fixture
-from tests.engine.test_sampler import _tiny_qwen3
 from tinker_cookbook.engine import settings
 from tinker_cookbook.engine.kernels import decode_kernel, onednn
 from tinker_cookbook.engine.sampling.decoder_model import Linear
@@ -195,7 +195,7 @@ def test_the_sampler_worker_gives_its_matmuls_every_thread(monkeypatch: pytest.M
         return real(*args)
 
     monkeypatch.setattr(decode_kernel, "matmul", spy)
-    weights = SamplingWeights.build(_tiny_qwen3().config, _tiny_qwen3().state_dict(), None, None, torch.float32)
+    weights = SamplingWeights.build(tiny_qwen3().config, tiny_qwen3().state_dict(), None, None, torch.float32)
     expected = min(torch.get_num_threads(), decode_kernel._CPUS)
     with SamplerEngine() as engine:
         engine.submit(weights, None, types.ModelInput.from_ints([5, 17]), 1, types.SamplingParams(max_tokens=3)).result(

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+from sampler_models import tiny_llama, tiny_qwen3
 
-from tests.engine.test_sampler import _tiny_llama, _tiny_qwen3
 from tinker_cookbook.engine import settings
 from tinker_cookbook.engine.sampling import decoder_model as sampler_model
 from tinker_cookbook.engine.sampling import lora as sampler_lora
@@ -47,7 +47,7 @@ _ADAPTERS = [
 
 
 
-@pytest.fixture(scope="module", params=[_tiny_qwen3, _tiny_llama], ids=["qwen3", "llama3-tied"])
+@pytest.fixture(scope="module", params=[tiny_qwen3, tiny_llama], ids=["qwen3", "llama3-tied"])
 def model(request: pytest.FixtureRequest) -> Any:
     make: Callable[[], Any] = request.param
     return make()
@@ -158,12 +158,12 @@ def test_bf16_unmerged_decode_and_prefill_report_the_same_logprobs(
     logit through ``token_logits``) agrees with its prompt logprob when the sequence is scored (prefill, ``logits``
     with the scored column recomputed), both with the LoRA update of the unembedding.
 
-    Not to the merged bf16 mode's 2e-3 (test_sampler.py): there the bf16 matmuls give a row the same result whatever
-    the row count, and only attention's fp32 summation order differs. Here the fp32 LoRA matmuls round differently
-    with the row count (prefill packs the prompt, decode runs a row per sequence), and each such 1e-7 difference
-    can flip the bf16 rounding of the next matmul's input (a 2**-8 relative step): measured mean 5e-3, max 0.035
-    (Llama-shaped). Bounds: mean 0.02, max 0.1, below the bf16 mode's own error against fp32 on these logprobs
-    (0.1-0.25 measured)."""
+    Not to the merged bf16 mode's 2e-3 (test_sampler_semantics.py): there the bf16 matmuls give a row the same
+    result whatever the row count, and only attention's fp32 summation order differs. Here the fp32 LoRA matmuls
+    round differently with the row count (prefill packs the prompt, decode runs a row per sequence), and each such
+    1e-7 difference can flip the bf16 rounding of the next matmul's input (a 2**-8 relative step): measured mean
+    5e-3, max 0.035 (Llama-shaped). Bounds: mean 0.02, max 0.1, below the bf16 mode's own error against fp32 on
+    these logprobs (0.1-0.25 measured)."""
     adapter_state, config = snapshots["adapters"][2]
     weights = SamplingWeights.build(model.config, snapshots["state"], adapter_state, config, torch.bfloat16, "unmerged")
     assert weights.adapter is not None and weights.adapter.unembed is not None
@@ -179,8 +179,8 @@ def test_bf16_unmerged_decode_and_prefill_report_the_same_logprobs(
         difference = (torch.tensor(sequence.logprobs) - torch.tensor(scored.prompt_logprobs[len(prompt) :])).abs()
         assert float(difference.mean()) <= 0.02 and float(difference.max()) <= 0.1
         # And both near the fp32 snapshot's logprobs of the same tokens: the bf16 mode's own error (measured mean
-        # 0.02-0.06 per sequence; bound 0.1 as in test_sampler.py's bf16 test). Without the LoRA update in the
-        # recomputed top logits (both paths alike, so they would still agree) the mean is 0.5-1.3.
+        # 0.02-0.06 per sequence; bound 0.1 as in test_sampler_semantics.py's bf16 test). Without the LoRA update in
+        # the recomputed top logits (both paths alike, so they would still agree) the mean is 0.5-1.3.
         fp32 = engine.submit(
             snapshots["unmerged"][3], tokenizer, types.ModelInput.from_ints(prompt + sequence.tokens), 1,
             types.SamplingParams(max_tokens=1), include_prompt_logprobs=True,
