@@ -242,7 +242,7 @@ def _documented_commands() -> dict[Command, Usage]:
                 usage.args.extend(args)
                 if _key_values(args) not in usage.key_value_sets:
                     usage.key_value_sets.append(_key_values(args))
-        for name in _dotted_names(text):
+        for name in sorted(_dotted_names(text)):  # sorted: the same test order in every process (xdist workers)
             module = _normalized_module(name)
             if module.startswith("recipes.") and _is_runnable_module(module):
                 found.setdefault(Command("module", module), Usage(key_value_sets=[()]))
