@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from server_utils import assert_public
 
 from tinker_cookbook.backends import local_backend
-from tinker_cookbook.server import create_app, openai_api, tinker_bodies
+from tinker_cookbook.server import create_app, openai_bodies, tinker_bodies
 
 MODEL = "tinker-cookbook/tiny-smollm2"
 FUZZ_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))
@@ -83,8 +83,8 @@ def body_strategy(model: type[BaseModel]) -> st.SearchStrategy[bytes]:
 
 
 ROUTES: list[tuple[str, str, type[BaseModel]]] = [
-    ("POST", "/v1/completions", openai_api.CompletionRequest),
-    ("POST", "/v1/chat/completions", openai_api.ChatRequest),
+    ("POST", "/v1/completions", openai_bodies.CompletionRequest),
+    ("POST", "/v1/chat/completions", openai_bodies.ChatRequest),
     ("POST", "/api/v1/asample", tinker_bodies.SampleBody),
     ("POST", "/api/v1/create_session", tinker_bodies.CreateSessionBody),
     ("POST", "/api/v1/create_model", tinker_bodies.CreateModelBody),

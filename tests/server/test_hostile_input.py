@@ -195,14 +195,14 @@ def test_not_found_answers_name_no_machine_path(client: TestClient) -> None:
 
 
 def test_a_bug_answers_500_with_its_class_only(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tinker_cookbook.server import openai_api
+    from tinker_cookbook.server.openai_routes import completions
 
     secret = f"{local_backend().store.root}/runs/x and {Path.home()}/.cache/y"
 
     def broken(*args: Any) -> None:
         raise KeyError(secret)
 
-    monkeypatch.setattr(openai_api, "_completion_prompts", broken)
+    monkeypatch.setattr(completions, "_completion_prompts", broken)
     answer = client.post("/v1/completions", json=COMPLETION)
     assert answer.status_code == 500
     assert error_message(answer) == guards.internal_error_text(KeyError())

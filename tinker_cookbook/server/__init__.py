@@ -12,8 +12,9 @@
 The server is an adapter over the API's ``Backend`` interface (``tinker_cookbook.tinker.backend``); it never
 imports the engine itself. ``create_app`` builds the app (``app.py``: key check, body limit, error format;
 ``guards``: the Host, Origin and Content-Type checks and the scrubbing of machine paths from answers;
-``json_input``: the one reader of JSON bodies), ``openai_api`` holds the OpenAI routes, ``tinker_api`` mounts the
-Tinker protocol's (``tinker_routes``, one module per route group), ``running`` serves it with uvicorn.
+``json_input``: the one reader of JSON bodies), ``openai_api`` mounts the OpenAI routes (``openai_routes``, one
+module per sampling route, over ``openai_bodies`` and ``openai_models``), ``tinker_api`` mounts the Tinker
+protocol's (``tinker_routes``, one module per route group), ``running`` serves it with uvicorn.
 """
 
 from tinker_cookbook.base.hosts import is_loopback

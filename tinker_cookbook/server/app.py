@@ -238,7 +238,7 @@ def create_app(backend: Backend[Any], *, api_key: str | None = None, host: str =
     rather than on their first request. ``allowed_hosts``: other names the server answers to (e.g. behind a
     proxy); ``allowed_origins``: web origins (``https://app.example``) whose pages may call it; ``"*"``: any.
     """
-    from tinker_cookbook.server import openai_api, tinker_api
+    from tinker_cookbook.server import openai_api, openai_models, tinker_api
 
     check_bind(host, api_key)
     register_store_root(getattr(getattr(backend, "store", None), "root", None))
@@ -246,7 +246,7 @@ def create_app(backend: Backend[Any], *, api_key: str | None = None, host: str =
     app = FastAPI(title="tinker-cookbook", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.limits = limits
     app.state.backend = backend
-    app.state.models = openai_api.ModelRegistry(backend)
+    app.state.models = openai_models.ModelRegistry(backend)
     for name in preload:
         app.state.models.preload(name)
     app.include_router(openai_api.build_router(backend, limits, app.state.models))
