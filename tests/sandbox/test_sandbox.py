@@ -232,3 +232,32 @@ def test_the_run_directory_is_the_only_writable_place_even_for_the_environment(m
                  "tempfile.gettempdir() == os.getcwd(), sorted(os.environ))")
     assert result.stdout.startswith("True True"), result
     assert "PYTHONPATH" not in result.stdout and "TINKER" not in result.stdout
+
+
+def test_an_interpreter_under_tmp_still_runs_inside_bubblewrap(monkeypatch, tmp_path):
+    # A checkout (and its .venv) under /tmp: bubblewrap's fresh /tmp would hide the interpreter, so every run crashed
+    # with "execvp ... No such file or directory". The interpreter's directory is bound back, read-only.
+    if iso.bwrap_path() is None:
+        pytest.skip("bubblewrap is not installed (apt-get install bubblewrap) or cannot make namespaces here")
+    import shutil
+    import sys
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="sandbox-python-", dir="/tmp"))
+    try:
+        (home / "bin").mkdir()
+        (home / "bin" / "python").symlink_to(sys.executable)
+        monkeypatch.setattr(sys, "executable", str(home / "bin" / "python"))
+        result = run("bwrap", tmp_path / "runs", "import sys\nprint(sys.executable)\nopen(sys.executable + '.x', 'w')")
+    finally:
+        shutil.rmtree(home)
+    assert result.outcome == Outcome.CRASH and result.stdout == f"{home}/bin/python\n", result
+    assert "Read-only file system" in result.stderr, result  # seen, but not writable
+
+
+def test_only_the_outermost_interpreter_directories_under_tmp_are_kept(monkeypatch):
+    monkeypatch.setattr(iso.sys, "prefix", "/tmp/checkout/.venv")
+    monkeypatch.setattr(iso.sys, "base_prefix", "/usr")
+    assert iso.interpreter_paths_under_tmp("/tmp/checkout/.venv/bin/python") == ["/tmp/checkout/.venv"]
+    monkeypatch.setattr(iso.sys, "prefix", "/opt/venv")
+    assert iso.interpreter_paths_under_tmp("/usr/bin/python3") == []

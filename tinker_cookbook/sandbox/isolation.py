@@ -156,11 +156,23 @@ def isolation_for(mode: IsolationMode) -> Isolation:
     return Isolation("bwrap" if bwrap else "plain", namespaces, landlock_abi, cgroup_base())
 
 
+def interpreter_paths_under_tmp(executable: str) -> list[str]:
+    """The directories of the Python running the program that lie under /tmp (a checkout and its .venv there): the
+    sandbox's fresh /tmp would hide them, so they are bound back read-only. Outermost only, in a stable order."""
+    found = {os.path.dirname(os.path.abspath(executable)), os.path.dirname(os.path.realpath(executable)),
+             os.path.abspath(sys.prefix), os.path.abspath(sys.base_prefix)}
+    under_tmp = sorted(p for p in found if p.startswith("/tmp/"))
+    return [p for p in under_tmp if not any(p.startswith(q + "/") for q in under_tmp)]
+
+
 def bwrap_argv(workdir: str, program: list[str]) -> list[str]:
-    """bubblewrap around ``program``: everything read-only but ``workdir``, fresh /dev, /proc and /tmp, every
-    namespace unshared (so no network), no capabilities, killed with its parent."""
+    """bubblewrap around ``program``: everything read-only but ``workdir``, fresh /dev, /proc and /tmp (where the
+    interpreter lives under /tmp, its directories stay visible, read-only), every namespace unshared (so no
+    network), no capabilities, killed with its parent."""
     bwrap = bwrap_path()
     assert bwrap is not None, "bwrap_argv needs bubblewrap (isolation_for checks this)"
-    return [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+    # bubblewrap takes bind sources from the host's tree, so these binds work on top of the fresh /tmp.
+    keep = [arg for p in interpreter_paths_under_tmp(program[0]) for arg in ("--ro-bind", p, p)]
+    return [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *keep,
             "--bind", workdir, workdir, "--chdir", workdir, "--unshare-all", "--die-with-parent", "--new-session",
             "--cap-drop", "ALL", "--", *program]
