@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import LlamaForCausalLM, Qwen3ForCausalLM
 
+from tinker_cookbook.base.tiny_models import tiny_llama3_config, tiny_qwen3_config
 from tinker_cookbook.engine.sampling import decode as sampler_decode
 from tinker_cookbook.engine.sampling import decoder_model as sampler_model
 from tinker_cookbook.engine.sampling.sampler import SamplerEngine
@@ -19,24 +20,14 @@ INIT = 0.3
 
 
 def tiny_qwen3(**overrides: Any) -> Qwen3ForCausalLM:
-    """A 2-layer Qwen3 (q/k norms, grouped K/V) with Qwen3's vocabulary, seed 0; ``overrides`` its config."""
+    """tiny-qwen3 (2 layers, q/k norms, grouped K/V, Qwen3's vocabulary) at the large init, seed 0; ``overrides``
+    its config."""
     torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=151936,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        initializer_range=INIT,
-        **overrides,
-    )
-    return Qwen3ForCausalLM(config).eval()
+    return Qwen3ForCausalLM(tiny_qwen3_config(initializer_range=INIT, **overrides)).eval()
 
 
 def tiny_llama() -> LlamaForCausalLM:
-    """A 2-layer Llama 3 (llama3 RoPE scaling, tied embeddings) with Llama 3's vocabulary, seed 1."""
+    """tiny-llama3 with llama3 RoPE scaling and tied embeddings at the large init, seed 1."""
     torch.manual_seed(1)
     rope = {
         "rope_type": "llama3",
@@ -46,18 +37,8 @@ def tiny_llama() -> LlamaForCausalLM:
         "high_freq_factor": 4.0,
         "original_max_position_embeddings": 64,
     }
-    config = LlamaConfig(
-        vocab_size=128256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-        rope_parameters=rope,
-        max_position_embeddings=256,
-        initializer_range=INIT,
-    )
+    config = tiny_llama3_config(tie_word_embeddings=True, rope_parameters=rope, max_position_embeddings=256,
+                                initializer_range=INIT)
     return LlamaForCausalLM(config).eval()
 
 

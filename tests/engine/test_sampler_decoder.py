@@ -17,6 +17,7 @@ from sampler_models import (
     tiny_qwen3,
 )
 
+from tinker_cookbook.engine.sampling import adapter as sampler_adapter
 from tinker_cookbook.engine.sampling import decode as sampler_decode
 from tinker_cookbook.engine.sampling import decoder_model as sampler_model
 from tinker_cookbook.engine.sampling.sampler import SamplerEngine
@@ -167,7 +168,7 @@ def test_lora_merged_into_fused_weights_equals_the_merged_parts() -> None:
     pairs = {
         f"l.{p}_proj": {"lora_A": torch.randn(rank, hidden), "lora_B": torch.randn(shapes[p], rank)} for p in "qv"
     }
-    deltas = sampler_model.lora_deltas(pairs, {"r": rank, "lora_alpha": rank * scale})
+    deltas = sampler_adapter.lora_deltas(pairs, {"r": rank, "lora_alpha": rank * scale})
     reader = sampler_model._StateReader(base, deltas, torch.float32)
     fused = reader.fused([f"l.{p}_proj.weight" for p in "qkv"])
     expected, bound = [], []
@@ -195,9 +196,9 @@ def test_a_lora_bias_in_the_adapter_is_refused_by_name() -> None:
     state = {f"{prefix}.lora_A.weight": torch.zeros(4, 8), f"{prefix}.lora_B.weight": torch.zeros(8, 4),
              f"{prefix}.lora_B.bias": torch.zeros(8)}
     with pytest.raises(BadRequestError, match=r"lora_B\.bias.*'bias'.*without lora_bias"):
-        sampler_model.split_adapter_state(state)
+        sampler_adapter.split_adapter_state(state)
     del state[f"{prefix}.lora_B.bias"]
-    pairs, overrides = sampler_model.split_adapter_state(state)
+    pairs, overrides = sampler_adapter.split_adapter_state(state)
     assert set(pairs["model.layers.0.self_attn.q_proj"]) == {"lora_A", "lora_B"} and not overrides
 
 

@@ -28,16 +28,18 @@ _LLAMA3_IDS: dict[str, Any] = dict(bos_token_id=128000, eos_token_id=128001)
 _SMOLLM2_IDS: dict[str, Any] = dict(bos_token_id=1, eos_token_id=2, pad_token_id=2)
 
 
-def tiny_qwen3_config() -> PretrainedConfig:
+def tiny_qwen3_config(**overrides: Any) -> PretrainedConfig:
+    """tiny-qwen3's config; ``overrides`` replace its fields (tests vary the init scale, tying, RoPE)."""
     from transformers import Qwen3Config
 
-    return Qwen3Config(vocab_size=151936, **_SMALL_DIMS, **_QWEN3_IDS)
+    return Qwen3Config(**{"vocab_size": 151936, **_SMALL_DIMS, **_QWEN3_IDS, **overrides})
 
 
-def tiny_llama3_config() -> PretrainedConfig:
+def tiny_llama3_config(**overrides: Any) -> PretrainedConfig:
+    """tiny-llama3's config; ``overrides`` replace its fields."""
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=128256, **_SMALL_DIMS, **_LLAMA3_IDS)
+    return LlamaConfig(**{"vocab_size": 128256, **_SMALL_DIMS, **_LLAMA3_IDS, **overrides})
 
 
 def tiny_smollm2_config() -> PretrainedConfig:

@@ -33,7 +33,8 @@ import transformers
 
 from tinker_cookbook.engine import base_cache, settings
 from tinker_cookbook.engine.sampling import decoder_model
-from tinker_cookbook.engine.sampling.decoder_model import DecoderWeights, LayerWeights, Linear, LoraDelta
+from tinker_cookbook.engine.sampling.adapter import LoraDelta, parse_adapter
+from tinker_cookbook.engine.sampling.decoder_model import DecoderWeights, LayerWeights, Linear
 from tinker_cookbook.tinker.errors import BadRequestError
 
 LoraMode = Literal["auto", "merged", "unmerged"]
@@ -225,7 +226,7 @@ def build_adapter(
 ) -> Adapter | None:
     """The adapter's factors beside ``base``; None when it must be merged (full-weight overrides, or a LoRA on
     the embedding). Validates as the merged path does (the same errors for the same bad input)."""
-    deltas, overrides = decoder_model.parse_adapter(base_state, adapter_state, adapter_config)
+    deltas, overrides = parse_adapter(base_state, adapter_state, adapter_config)
     prefix = decoder_model._language_prefix(base_state)
     embed_key = f"{prefix}embed_tokens.weight"
     # PEFT saves the unembedding's base weight beside its LoRA by default: a copy of the base changes nothing.
